@@ -1,0 +1,230 @@
+"""Group elements: sampling, inversion and exact action on state dicts.
+
+An element is an ordered list of components ``(group index, value)``; acting
+applies them in order, the inverse applies the inverted components in reverse
+order, so ``act(inverse(g), act(g, sd)) == sd`` up to round-off for every spec.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from dataclasses import dataclass
+
+import torch
+
+from wsym.spec import Group, Leaf, Split, SymmetrySpec, leaves
+
+
+@dataclass(frozen=True)
+class GroupElement:
+    """An element of the product group, as ordered components ``(group index, value)``."""
+
+    components: tuple[tuple[int, object], ...]
+    inverted: tuple[bool, ...] = ()
+
+    def inverse(self) -> GroupElement:
+        """The inverse element."""
+        inv = self.inverted or (False,) * len(self.components)
+        return GroupElement(tuple(reversed(self.components)), tuple(not f for f in reversed(inv)))
+
+    def parts(self):
+        """``(group index, value, inverted)`` in the order they act."""
+        inv = self.inverted or (False,) * len(self.components)
+        return [(i, v, f) for (i, v), f in zip(self.components, inv, strict=True)]
+
+
+def _index_sizes(spec: SymmetrySpec, group: Group) -> list[int]:
+    sizes = {}
+    for _, dims in spec.layouts:
+        for t in dims:
+            for leaf in leaves(t):
+                sizes[leaf.cls] = leaf.size
+    return [sizes[c] for c in group.index]
+
+
+def _random_orthogonal(shape, n, gen) -> torch.Tensor:
+    a = torch.randn(*shape, n, n, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(a)
+    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def _log_uniform(shape, scale, gen) -> torch.Tensor:
+    lo, hi = math.log(scale[0]), math.log(scale[1])
+    return torch.exp(lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=torch.float64))
+
+
+def sample_group(spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 1e2)):
+    """A random value for group ``i`` (uniform permutations, log-uniform scales)."""
+    g = spec.groups[i]
+    n = g.size
+    if g.kind == "permutation":
+        return torch.randperm(n, generator=gen)
+    if g.kind in ("scaling", "norm_scaling"):
+        return _log_uniform((n,), scale, gen)
+    if g.kind == "sign":
+        return torch.randint(0, 2, (n,), generator=gen).to(torch.float64) * 2 - 1
+    idx = _index_sizes(spec, g)
+    if g.kind == "orthogonal":
+        return _random_orthogonal(idx, n, gen)
+    if g.kind == "gl":
+        u, v = _random_orthogonal(idx, n, gen), _random_orthogonal(idx, n, gen)
+        return (u * _log_uniform((*idx, 1, n), scale, gen)) @ v.transpose(-1, -2)
+    if g.kind == "translation":
+        key, _, mode = g.target
+        shape = () if mode == "uniform" else tuple(t.size for t in spec.layout[key])
+        return torch.randn(shape, generator=gen, dtype=torch.float64) * _log_uniform((), scale, gen)
+    raise ValueError(f"unknown group kind {g.kind}")
+
+
+def sample(spec: SymmetrySpec, seed: int = 0, scale=(1e-2, 1e2), kinds=None, groups=None) -> GroupElement:
+    """A random element of the product of ``spec``'s groups (or of ``kinds``/``groups`` only)."""
+    gen = torch.Generator().manual_seed(seed)
+    chosen = range(len(spec.groups)) if groups is None else groups
+    comps = tuple(
+        (i, sample_group(spec, i, gen, scale))
+        for i in chosen
+        if kinds is None or spec.groups[i].kind in kinds
+    )
+    return GroupElement(comps)
+
+
+def transform(t: torch.Tensor, trees: list, fn) -> torch.Tensor:
+    """Apply ``fn(block, leaves)`` to every leaf-level block of ``t`` (one tree per axis)."""
+    for i, tree in enumerate(trees):
+        if isinstance(tree, Split) and tree.mode == "prod":
+            sizes = tuple(c.size for c in tree.children)
+            new = t.reshape(t.shape[:i] + sizes + t.shape[i + 1 :])
+            out = transform(new, trees[:i] + list(tree.children) + trees[i + 1 :], fn)
+            return out.reshape(t.shape)
+        if isinstance(tree, Split):
+            parts = torch.split(t, [c.size for c in tree.children], dim=i)
+            return torch.cat(
+                [transform(p, trees[:i] + [c] + trees[i + 1 :], fn) for p, c in zip(parts, tree.children, strict=True)],
+                dim=i,
+            )
+    return fn(t, trees)
+
+
+def _along(vec: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return vec.reshape(shape)
+
+
+def _matrix_fn(group: Group, m: torch.Tensor):
+    m_contra = torch.linalg.inv(m).transpose(-1, -2)
+
+    def fn(t, lv):
+        for ax, leaf in enumerate(lv):
+            if leaf.cls != group.cls:
+                continue
+            mat = (m if leaf.parity == 0 else m_contra).to(t.dtype)
+            idx_axes = [next(j for j, x in enumerate(lv) if x.cls == c) for c in group.index]
+            letters = string.ascii_letters[: t.ndim]
+            out_letter = string.ascii_letters[t.ndim]
+            m_sub = "".join(letters[j] for j in idx_axes) + letters[ax] + out_letter
+            res = letters[:ax] + out_letter + letters[ax + 1 :]
+            t = torch.einsum(f"{letters},{m_sub}->{res}", t, mat)
+        return t
+
+    return fn
+
+
+def _component_fn(group: Group, value, inverted: bool):
+    kind = group.kind
+    if kind == "permutation":
+        perm = torch.argsort(value) if inverted else value
+
+        def fn(t, lv):
+            for ax, leaf in enumerate(lv):
+                if leaf.cls == group.cls:
+                    t = t.index_select(ax, perm)
+            return t
+
+        return fn
+    if kind in ("scaling", "norm_scaling", "sign"):
+        s = (1.0 / value if kind != "sign" else value) if inverted else value
+        exps = dict(group.exponents)
+
+        def fn(t, lv):
+            for ax, leaf in enumerate(lv):
+                e = exps.get(leaf.var, 0)
+                if e and leaf.cls == group.cls:
+                    t = t * _along(s.pow(e).to(t.dtype), ax, t.ndim)
+            return t
+
+        return fn
+    if kind in ("gl", "orthogonal"):
+        return _matrix_fn(group, torch.linalg.inv(value) if inverted else value)
+    raise ValueError(kind)
+
+
+def _translate(group: Group, value, inverted: bool, t: torch.Tensor, trees) -> torch.Tensor:
+    """Add the constant on the blocks of the target whose leaves match its signature."""
+    _, sig, mode = group.target
+    sig = {tuple(x) for x in sig}
+    c = (-value if inverted else value).to(t.dtype)
+    if mode == "uniform":
+        return t + c
+    stacked = torch.stack([t, c.reshape(t.shape)])
+
+    def fn(block, lv):
+        inner = lv[1:]
+        if any(leaf.size > 1 for leaf in inner) and all((x.cls, x.parity) in sig for x in inner):
+            return torch.stack([block[0] + block[1], block[1]])
+        return block
+
+    return transform(stacked, [Leaf(-2, 2, 0, -1), *trees], fn)[0]
+
+
+def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
+    """``g . state_dict``: a new state dict that computes the same function.
+
+    Entries the spec does not describe are copied unchanged.
+    """
+    out = dict(state_dict)
+    layout = spec.layout
+    for i, value, inverted in g.parts():
+        group = spec.groups[i]
+        if group.kind == "translation":
+            key = group.target[0]
+            out[key] = _translate(group, value, inverted, out[key], layout[key])
+            continue
+        factors = _bn_factors(group, value, inverted, out, layout)
+        fn = _component_fn(group, value, inverted)
+        for key in group.params:
+            out[key] = transform(out[key], list(layout[key]), fn)
+        for key, f in factors.items():
+            out[key] = transform(out[key], list(layout[key]), f)
+    for alias, key in spec.aliases:
+        out[alias] = out[key]
+    return out
+
+
+def _bn_factors(group: Group, value, inverted: bool, sd: dict, layout) -> dict:
+    """BatchNorm weight corrections of a norm_scaling component (from the current running_var)."""
+    out = {}
+    s = 1.0 / value if inverted else value
+    for w_key, rv_key, eps, u in group.corrections:
+        su = s.pow(u)
+        holder = {}
+
+        def grab(t, lv, holder=holder):
+            for ax, leaf in enumerate(lv):
+                if leaf.cls == group.cls:
+                    holder["v"] = t.movedim(ax, 0).reshape(leaf.size, -1)[:, 0].to(torch.float64)
+            return t
+
+        transform(sd[rv_key], list(layout[rv_key]), grab)
+        v = holder["v"]
+        factor = torch.sqrt(su**2 * v + eps) / (su * torch.sqrt(v + eps))
+
+        def fix(t, lv, factor=factor):
+            for ax, leaf in enumerate(lv):
+                if leaf.cls == group.cls:
+                    t = t * _along(factor.to(t.dtype), ax, t.ndim)
+            return t
+
+        out[w_key] = fix
+    return out

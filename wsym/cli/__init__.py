@@ -1,0 +1,1 @@
+"""The ``wsym`` command line; the entry point is :func:`wsym.cli.main.main`."""

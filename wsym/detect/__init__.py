@@ -1,0 +1,82 @@
+"""Automatic, verified detection of parameter-space symmetries."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from wsym.detect.analyze import analyze
+from wsym.detect.solve import solve
+from wsym.errors import SymmetryWarning
+from wsym.graph.networkx import to_networkx
+from wsym.graph.trace import trace
+from wsym.spec import SymmetrySpec
+from wsym.verify import Probe, screen, tied_keys
+
+
+def detect(model: torch.nn.Module, example_inputs, *, verify: bool = True, seed: int = 0) -> SymmetrySpec:
+    """Detect the parameter-space symmetries of ``model`` and verify each numerically.
+
+    The model is traced with ``torch.export`` in eval mode; one rule per operation
+    couples tensor axes into classes and decides which groups act on each (see
+    :mod:`wsym.detect.rules`). Every candidate is then checked in float64 by
+    acting with random elements (group testing: sets are checked jointly and
+    bisected only if they fail); a candidate that changes the outputs is dropped
+    with a :class:`~wsym.errors.SymmetryWarning`.
+
+    Args:
+        model: any ``torch.nn.Module``.
+        example_inputs: a Tensor, a tuple of positional inputs, or a dict of keyword inputs.
+        verify: run the numerical verification (default True).
+        seed: seed of the random inputs and group elements used to verify.
+
+    Returns:
+        The :class:`~wsym.spec.SymmetrySpec`.
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(3, 4))
+        >>> sorted(g.kind for g in spec.groups)
+        ['permutation', 'scaling']
+    """
+    traced = trace(model, example_inputs)
+    ctx = analyze(traced)
+    state_keys = {**traced.parameters, **traced.buffers}
+    spec = solve(ctx, traced, state_keys)
+    keys = set(state_keys.values())
+    aliases = tuple((a, k) for a, k in tied_keys(model).items() if k in keys and a not in keys)
+    for message in ctx.warnings:
+        warnings.warn(message, SymmetryWarning, stacklevel=2)
+    devs: list[float] = []
+    groups = list(spec.groups)
+    if verify and groups:
+        spec = _replace(spec, groups, aliases, [])
+        devs, failed = screen(spec, Probe(model, example_inputs, seed=seed), seed=seed)
+        for i in failed:
+            g = groups[i]
+            warnings.warn(
+                f"dropped unverified {g.kind} group on {', '.join(g.params[:3])} "
+                f"(relative output change {devs[i]:.1e})",
+                SymmetryWarning,
+                stacklevel=2,
+            )
+        keep = [i for i in range(len(groups)) if i not in failed]
+        groups, devs = [groups[i] for i in keep], [devs[i] for i in keep]
+    spec = _replace(spec, groups, aliases, devs)
+    object.__setattr__(spec, "graph", to_networkx(traced))
+    return spec
+
+
+def _replace(spec: SymmetrySpec, groups, aliases, devs) -> SymmetrySpec:
+    return SymmetrySpec(
+        groups=tuple(groups),
+        layouts=spec.layouts,
+        aliases=tuple(aliases),
+        deviations=tuple(devs),
+        warnings=spec.warnings,
+    )
+
+
+__all__ = ["detect"]

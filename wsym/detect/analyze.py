@@ -1,0 +1,120 @@
+"""Walk a traced graph, applying one rule per node, into a :class:`Context`."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from wsym.detect.atoms import SplitConflict
+from wsym.detect.context import Context
+from wsym.detect.rules import RULES
+from wsym.graph.trace import Traced
+
+MAX_PASSES = 4
+
+
+def rule_name(node: torch.fx.Node) -> str:
+    """Schema name of a call node (``"aten::linear"``), overloads merged."""
+    if node.target is operator.getitem:
+        return "_operator::getitem"
+    schema = getattr(node.target, "_schema", None)
+    return schema.name if schema is not None else str(node.target)
+
+
+def _is_float(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return hasattr(val, "dtype") and val.dtype.is_floating_point
+
+
+def _fresh_like(ctx: Context, node, reason: str):
+    val = node.meta.get("val")
+    if isinstance(val, list | tuple):
+        return tuple(ctx.fresh(tuple(v.shape), reason) if hasattr(v, "shape") else [] for v in val)
+    if hasattr(val, "shape"):
+        return ctx.fresh(tuple(val.shape), reason)
+    return []
+
+
+def _tensor_layouts(ctx: Context, node) -> list:
+    lay = ctx.layouts.get(node.name)
+    if lay is None:
+        return []
+    val = node.meta.get("val")
+    return list(lay) if isinstance(val, list | tuple) else [lay]
+
+
+def run_pass(traced: Traced, indexed_sites=frozenset()) -> Context:
+    """One pass of all rules over the graph."""
+    ctx = Context(indexed_sites=frozenset(indexed_sites))
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in traced.parameters or node.name in traced.buffers:
+                reason = None if _is_float(node) else "integer parameter or buffer"
+                ctx.layouts[node.name] = _fresh_like(ctx, node, reason) if reason else _fresh_like_free(ctx, node)
+            else:
+                ctx.layouts[node.name] = _fresh_like(ctx, node, "model input")
+        elif node.op == "get_attr":
+            ctx.layouts[node.name] = _fresh_like(ctx, node, "constant tensor")
+        elif node.op == "call_function":
+            _apply(ctx, node)
+        elif node.op == "output":
+            for src in node.all_input_nodes:
+                for lay in _tensor_layouts(ctx, src):
+                    ctx.block(lay, "model output")
+    for name in traced.buffers:
+        if name not in ctx.allowed_buffers:
+            for lay in _tensor_layouts(ctx, _node(traced, name)):
+                ctx.block(lay, "buffer")
+    return ctx
+
+
+def _fresh_like_free(ctx: Context, node):
+    return ctx.fresh(tuple(node.meta["val"].shape))
+
+
+def _node(traced: Traced, name: str):
+    return next(n for n in traced.graph.nodes if n.name == name)
+
+
+def _apply(ctx: Context, node) -> None:
+    name = rule_name(node)
+    rule = RULES.get(name)
+    if rule is None or not _is_float_op(node):
+        reason = f"operation {name} is not understood" if rule is None else f"integer op {name}"
+        if rule is None and any(_tensor_layouts(ctx, s) for s in node.all_input_nodes if _is_float(s)):
+            ctx.warn(f"{name} ({node.name}) is not understood; it blocks symmetries through it")
+        for src in node.all_input_nodes:
+            for lay in _tensor_layouts(ctx, src):
+                ctx.block(lay, reason)
+        ctx.layouts[node.name] = _fresh_like(ctx, node, reason)
+        return
+    try:
+        rule(ctx, node)
+        if isinstance(node.meta.get("val"), list | tuple):
+            ctx.layouts[node.name] = tuple(ctx.layouts[node.name])
+    except (SplitConflict, KeyError, IndexError, ValueError, TypeError) as err:
+        reason = f"{name} ({node.name}) could not be analysed: {err}"
+        ctx.warn(reason)
+        for src in node.all_input_nodes:
+            for lay in _tensor_layouts(ctx, src):
+                ctx.block(lay, reason)
+        ctx.layouts[node.name] = _fresh_like(ctx, node, reason)
+
+
+def _is_float_op(node) -> bool:
+    """Ops whose outputs are all floating point (integer/bool ops carry indices, masks)."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, list | tuple) else [val]
+    return all(hasattr(v, "dtype") and v.dtype.is_floating_point for v in vals if v is not None)
+
+
+def analyze(traced: Traced) -> Context:
+    """Run passes until no fused axis remains to be separated."""
+    sites: set = set()
+    for _ in range(MAX_PASSES):
+        ctx = run_pass(traced, sites)
+        if ctx.hits <= sites:
+            return ctx
+        sites |= ctx.hits
+    return ctx

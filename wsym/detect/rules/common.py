@@ -1,0 +1,46 @@
+"""Helpers shared by the rules: argument access and broadcasting."""
+
+from __future__ import annotations
+
+import torch.fx
+
+from wsym.detect.context import Context
+
+
+def shape(node) -> tuple[int, ...]:
+    """Static shape of a traced tensor node (or of a Python number: ``()``)."""
+    if not isinstance(node, torch.fx.Node):
+        return ()
+    val = node.meta.get("val")
+    return tuple(int(s) for s in val.shape)
+
+
+def arg(node: torch.fx.Node, i: int, name: str, default=None):
+    """Positional-or-keyword argument ``i``/``name`` of a call node."""
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def is_tensor(x) -> bool:
+    return isinstance(x, torch.fx.Node) and hasattr(x.meta.get("val"), "shape")
+
+
+def norm_dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+def broadcast(ctx: Context, node, inputs, scale="eq", sign="eq", breaks=()) -> list:
+    """Output layout of an elementwise op: couple every non-broadcast input axis."""
+    out_shape = shape(node)
+    full = [x for x in inputs if is_tensor(x) and shape(x) == out_shape]
+    out = ctx.like(ctx.layouts[full[0].name]) if full else ctx.fresh(out_shape)
+    for x in inputs:
+        if not is_tensor(x):
+            continue
+        lay = ctx.layouts[x.name]
+        offset = len(out_shape) - len(lay)
+        for i, dim in enumerate(lay):
+            if shape(x)[i] > 1:
+                ctx.couple(out[offset + i], dim, scale=scale, sign=sign, breaks=breaks)
+    return out

@@ -1,0 +1,131 @@
+"""Rules for elementwise arithmetic and activations.
+
+Per axis, an activation allows a diagonal action only where it commutes with it:
+positively homogeneous functions (ReLU, LeakyReLU, max) commute with positive
+scales, odd functions (tanh, sin) with signs, and every elementwise function
+with permutations. None of them commutes with GL or orthogonal mixing.
+"""
+
+from __future__ import annotations
+
+from wsym.detect.context import Context
+from wsym.detect.rules.common import arg, broadcast, is_tensor, shape
+
+NONLINEAR = ("gl", "orth")
+
+
+def _unary(scale, sign):
+    def rule(ctx: Context, node) -> None:
+        x = node.args[0]
+        out = ctx.like(ctx.layouts[x.name])
+        for do, dx in zip(out, ctx.layouts[x.name], strict=True):
+            ctx.couple(do, dx, scale=scale, sign=sign, breaks=NONLINEAR)
+        ctx.layouts[node.name] = out
+
+    return rule
+
+
+homogeneous = _unary("eq", "zero")  # relu(s x) = s relu(x), s > 0
+odd = _unary("zero", "eq")  # tanh(-x) = -tanh(x)
+generic = _unary("zero", "zero")  # gelu, sigmoid, exp, softmax, ...
+
+
+def scalar_linear(ctx: Context, node) -> None:
+    """neg, and arithmetic with a Python number: linear along every axis."""
+    ctx.layouts[node.name] = broadcast(ctx, node, node.args)
+
+
+def add(ctx: Context, node) -> None:
+    """add/sub: every non-broadcast axis of every operand moves with the output.
+
+    Along an axis where one operand is constant (broadcast, or a nonzero number),
+    the sum is affine, not linear: only permutations survive there.
+    """
+    operands = node.args[:2]
+    out = broadcast(ctx, node, operands)
+    out_shape = shape(node)
+    for pos, dim in enumerate(out):
+        if _constant_along(operands, pos, out_shape):
+            ctx.mark(dim, *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [dim], (1,))
+    ctx.layouts[node.name] = out
+
+
+def _constant_along(operands, pos: int, out_shape) -> bool:
+    if out_shape[pos] == 1:
+        return False
+    for t in operands:
+        if not is_tensor(t):
+            if t != 0:
+                return True
+            continue
+        i = pos - (len(out_shape) - len(shape(t)))
+        if i < 0 or shape(t)[i] == 1:
+            return True
+    return False
+
+
+def mul(ctx: Context, node) -> None:
+    """mul/div: linear where one side is constant along the axis, a gating product elsewhere."""
+    x, y = node.args[0], node.args[1]
+    if not (is_tensor(x) and is_tensor(y)):
+        ctx.layouts[node.name] = broadcast(ctx, node, node.args[:2])
+        return
+    out_shape = shape(node)
+    sign_y = -1 if node.target.__name__.startswith("div") else 1
+    out = broadcast(ctx, node, [x, y], scale=None, sign=None)
+    for pos in range(len(out_shape)):
+        dims = []
+        for t in (x, y):
+            i = pos - (len(out_shape) - len(shape(t)))
+            dims.append(ctx.layouts[t.name][i] if i >= 0 and shape(t)[i] > 1 else None)
+        dx, dy = dims
+        if dx is not None and dy is not None:
+            ctx.mark(out[pos], *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [out[pos], dx, dy], (1, -1, -sign_y))
+        elif dx is not None:
+            for system in ("scale", "sign"):
+                ctx.relate(system, [out[pos], dx], (1, -1))
+        elif dy is not None:  # y varies alone: out = x * y, or x / y (nonlinear in y)
+            if sign_y < 0:
+                ctx.mark(out[pos], *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [out[pos], dy], (1, -sign_y))
+    ctx.layouts[node.name] = out
+
+
+def softmax(ctx: Context, node) -> None:
+    """softmax / log_softmax: elementwise-generic on every axis, translation along its own."""
+    generic(ctx, node)
+    ctx.softmaxes.append((node, arg(node, 1, "dim", -1)))
+
+
+HOMOGENEOUS = ["relu", "leaky_relu", "relu6_", "hardtanh_"]
+ODD = ["tanh", "sin", "asinh", "atan", "sinh", "erf", "tan", "hardtanh"]
+GENERIC = [
+    "gelu", "silu", "sigmoid", "exp", "log", "softplus", "elu", "selu", "celu", "mish",
+    "hardswish", "hardsigmoid", "cos", "sqrt", "rsqrt", "pow", "abs", "sign", "relu6",
+    "reciprocal", "square", "logsigmoid", "glu", "clamp", "clamp_min", "clamp_max",
+    "gelu_tanh", "log1p", "expm1", "cosh", "square", "floor", "ceil", "round",
+]
+LINEAR = ["neg"]
+
+RULES = {f"aten::{n}": homogeneous for n in HOMOGENEOUS}
+RULES.update({f"aten::{n}": odd for n in ODD})
+RULES.update({f"aten::{n}": generic for n in GENERIC})
+RULES.update({f"aten::{n}": scalar_linear for n in LINEAR})
+RULES.update(
+    {
+        "aten::add": add,
+        "aten::sub": add,
+        "aten::rsub": add,
+        "aten::mul": mul,
+        "aten::div": mul,
+        "aten::softmax": softmax,
+        "aten::_softmax": softmax,
+        "aten::log_softmax": softmax,
+        "aten::_log_softmax": softmax,
+    }
+)

@@ -1,0 +1,245 @@
+"""Rules for maps that contract axes: linear, matmul, einsum, convolution, embedding, attention.
+
+A contraction couples the two contracted axes contragrediently (parity 1): any
+invertible ``M`` applied as ``x M`` on one side and ``M^-1 y`` on the other cancels,
+which is where GL symmetries come from. An axis carried by *both* factors of a
+product (a batch axis of a bilinear map) only admits permutations and a diagonal
+scale whose exponents add up.
+"""
+
+from __future__ import annotations
+
+import string
+
+from wsym.detect.context import Context
+from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
+from wsym.detect.rules.elementwise import NONLINEAR
+
+
+def _affine_leading(ctx: Context, dims) -> None:
+    """Axes along which a bias is broadcast: the map is affine there, not linear."""
+    for d in dims:
+        ctx.mark(d, *NONLINEAR)
+        for system in ("scale", "sign"):
+            ctx.relate(system, [d], (1,))
+
+
+def linear(ctx: Context, node) -> None:
+    """y = x W^T + b."""
+    x, w, b = node.args[0], node.args[1], arg(node, 2, "bias")
+    lx, lw = ctx.layouts[x.name], ctx.layouts[w.name]
+    out = ctx.like(lx[:-1]) + ctx.fresh(shape(node)[-1:])
+    for do, dx in zip(out[:-1], lx[:-1], strict=True):
+        ctx.couple(do, dx)
+    ctx.couple(out[-1], lw[0])
+    ctx.couple(lx[-1], lw[1], parity=1)
+    if is_tensor(b):
+        ctx.couple(out[-1], ctx.layouts[b.name][0])
+        _affine_leading(ctx, [d for d, n in zip(out[:-1], shape(node)[:-1], strict=True) if n > 1])
+    ctx.layouts[node.name] = out
+
+
+def einsum_rule(ctx: Context, node, equation: str, operands) -> None:
+    """Couple axes by einsum letters; see the module docstring for the rules."""
+    lhs, rhs = equation.replace(" ", "").split("->")
+    specs = lhs.split(",")
+    letters = iter(c for c in string.ascii_letters if c not in equation)
+    ell = None
+    for i, (spec, t) in enumerate(zip(specs, operands, strict=True)):
+        if "..." in spec:
+            n = len(shape(t)) - (len(spec) - 3)
+            ell = ell or "".join(next(letters) for _ in range(max(n, len(shape(node)))))
+            specs[i] = spec.replace("...", ell[len(ell) - n :] if n else "")
+    if "..." in rhs:
+        n = len(shape(node)) - (len(rhs) - 3)
+        rhs = rhs.replace("...", ell[len(ell) - n :] if n else "")
+    out = ctx.fresh(shape(node))
+    occ: dict[str, list] = {}
+    for spec, t in zip(specs, operands, strict=True):
+        if len(set(spec)) != len(spec):
+            ctx.block(ctx.layouts[t.name], f"einsum diagonal {equation}")
+            ctx.layouts[node.name] = ctx.fresh(shape(node), f"einsum diagonal {equation}")
+            return
+        for ax, c in enumerate(spec):
+            if shape(t)[ax] > 1:
+                occ.setdefault(c, []).append(ctx.layouts[t.name][ax])
+    for c, dims in occ.items():
+        if c in rhs:
+            o = out[rhs.index(c)]
+            for d in dims:
+                ctx.couple(o, d, scale=None, sign=None)
+            if len(dims) > 1:
+                ctx.mark(o, *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [o, *dims], (1,) + (-1,) * len(dims))
+        elif len(dims) == 2:
+            ctx.couple(dims[0], dims[1], parity=1)
+        else:
+            for d in dims[1:]:
+                ctx.couple(dims[0], d, scale=None, sign=None)
+            ctx.mark(dims[0], *NONLINEAR)
+            ctx.event(dims[0])
+            for system in ("scale", "sign"):
+                ctx.relate(system, dims, (1,) * len(dims))
+    ctx.layouts[node.name] = out
+
+
+def einsum(ctx: Context, node) -> None:
+    einsum_rule(ctx, node, node.args[0], node.args[1])
+
+
+def matmul(ctx: Context, node) -> None:
+    """matmul / mm / bmm with numpy broadcasting of batch axes."""
+    a, b = node.args[0], node.args[1]
+    na, nb = len(shape(a)), len(shape(b))
+    nbat = len(shape(node)) - (na >= 2) - (nb >= 2)
+    batch = string.ascii_lowercase[:nbat]
+    sa = batch[nbat - max(na - 2, 0) :] + ("NK" if na >= 2 else "K")
+    sb = batch[nbat - max(nb - 2, 0) :] + ("KM" if nb >= 2 else "K")
+    so = batch + ("N" if na >= 2 else "") + ("M" if nb >= 2 else "")
+    # a batch axis broadcast (size 1) on one side is simply absent from that side
+    einsum_rule(ctx, node, f"{sa},{sb}->{so}", [a, b])
+
+
+def addmm(ctx: Context, node) -> None:
+    """addmm(bias, a, b) = bias + a @ b."""
+    bias, a, b = node.args[:3]
+    einsum_rule(ctx, node, "nk,km->nm", [a, b])
+    out = ctx.layouts[node.name]
+    lb = ctx.layouts[bias.name]
+    if len(shape(bias)) == 1:
+        ctx.couple(out[1], lb[0])
+        _affine_leading(ctx, [out[0]])
+    else:
+        for do, db in zip(out, lb, strict=True):
+            ctx.couple(do, db)
+
+
+def tensordot(ctx: Context, node) -> None:
+    a, b, da, db = node.args[:4]
+    letters = iter(string.ascii_letters)
+    sa = [next(letters) for _ in shape(a)]
+    sb = [next(letters) for _ in shape(b)]
+    for i, j in zip(da, db, strict=True):
+        sb[norm_dim(j, len(sb))] = sa[norm_dim(i, len(sa))]
+    contracted = {sa[norm_dim(i, len(sa))] for i in da}
+    so = [c for c in sa + sb if c not in contracted]
+    einsum_rule(ctx, node, f"{''.join(sa)},{''.join(sb)}->{''.join(so)}", [a, b])
+
+
+def conv(ctx: Context, node) -> None:
+    """conv1d/2d/3d: channels are contracted; spatial and kernel axes are blocked."""
+    x, w, b = node.args[0], node.args[1], arg(node, 2, "bias")
+    groups = arg(node, 6, "groups", 1)
+    lx, lw = ctx.layouts[x.name], ctx.layouts[w.name]
+    out_shape = shape(node)
+    out = ctx.fresh(out_shape)
+    ctx.couple(out[0], lx[0])
+    for d in lx[2:] + lw[2:] + out[2:]:
+        ctx.block_dim(d, "convolution spatial axis")
+    cin, cout = shape(x)[1], out_shape[1]
+    if groups == 1:
+        ctx.couple(out[1], lw[0])
+        ctx.couple(lx[1], lw[1], parity=1)
+    elif groups == cin == cout and shape(w)[1] == 1:  # depthwise: y_c = x_c * w_c
+        ctx.couple(out[1], lx[1], scale=None, sign=None, breaks=NONLINEAR)
+        ctx.couple(out[1], lw[0], scale=None, sign=None)
+        for system in ("scale", "sign"):
+            ctx.relate(system, [out[1], lx[1], lw[0]], (1, -1, -1))
+    else:
+        reason = f"grouped convolution (groups={groups}) not supported yet"
+        ctx.warn(f"{node.name}: {reason}")
+        for d in (lx[1], lw[0], lw[1], out[1]):
+            ctx.block_dim(d, reason)
+    if is_tensor(b):
+        ctx.couple(out[1], ctx.layouts[b.name][0])
+        _affine_leading(ctx, [out[0]] + out[2:])
+    ctx.layouts[node.name] = out
+
+
+def embedding(ctx: Context, node) -> None:
+    """embedding(W, idx): rows are looked up by integer index; features pass linearly."""
+    w, idx = node.args[0], node.args[1]
+    lw = ctx.layouts[w.name]
+    ctx.block_dim(lw[0], "embedding vocabulary axis")
+    out = ctx.fresh(shape(node))
+    for do, di in zip(out[:-1], ctx.layouts[idx.name], strict=True):
+        ctx.couple(do, di)
+    ctx.couple(out[-1], lw[1])
+    ctx.layouts[node.name] = out
+
+
+def sdpa(ctx: Context, node) -> None:
+    """scaled_dot_product_attention(q, k, v, mask): the classic head-wise GL source."""
+    q, k, v = node.args[:3]
+    mask = arg(node, 3, "attn_mask")
+    if arg(node, 4, "dropout_p", 0.0):
+        reason = "attention dropout in training mode"
+        for t in (q, k, v):
+            ctx.block(ctx.layouts[t.name], reason)
+        ctx.layouts[node.name] = ctx.fresh(shape(node), reason)
+        return
+    lq, lk, lv = (ctx.layouts[t.name] for t in (q, k, v))
+    out_shape = shape(node)
+    out = ctx.fresh(out_shape)
+    nb = len(out_shape) - 2
+    gqa = arg(node, 7, "enable_gqa", False) and shape(q)[-3] != shape(k)[-3]
+    for pos in range(nb):
+        dims = {}
+        for name, t, lay in (("q", q, lq), ("k", k, lk), ("v", v, lv)):
+            i = pos - (nb - (len(shape(t)) - 2))
+            if i >= 0 and shape(t)[i] > 1:
+                dims[name] = lay[i]
+        if gqa and pos == nb - 1:
+            _gqa_heads(ctx, out[pos], dims)
+            continue
+        for d in dims.values():
+            ctx.couple(out[pos], d, scale=None, sign=None, breaks=NONLINEAR)
+        if "q" in dims and "k" in dims:
+            for system in ("scale", "sign"):
+                ctx.relate(system, [dims["q"], dims["k"]], (1, 1))
+        if "v" in dims:
+            for system in ("scale", "sign"):
+                ctx.relate(system, [out[pos], dims["v"]], (1, -1))
+    ctx.couple(out[-2], lq[-2])
+    ctx.couple(lk[-2], lv[-2], scale="zero", sign="zero", breaks=NONLINEAR)
+    ctx.couple(lq[-1], lk[-1], parity=1)
+    ctx.couple(out[-1], lv[-1])
+    if is_tensor(mask):
+        lm, ms = ctx.layouts[mask.name], shape(mask)
+        scores = out[:-1] + [lk[-2]]
+        for i, d in enumerate(lm):
+            if ms[i] > 1:
+                ctx.couple(scores[len(scores) - len(lm) + i], d, scale="zero", sign="zero")
+    ctx.attentions.append(node)
+    ctx.layouts[node.name] = out
+
+
+def _gqa_heads(ctx: Context, out_dim, dims) -> None:
+    """Grouped-query attention: query head h*g + j reads key/value head h."""
+    hkv = ctx.dim_size(dims["k"])
+    g = ctx.dim_size(dims["q"]) // hkv
+    q_split = [ctx.new(hkv), ctx.new(g)]
+    ctx.couple(dims["q"], q_split, scale=None, sign=None, breaks=NONLINEAR)
+    ctx.couple(out_dim, q_split, scale=None, sign=None, breaks=NONLINEAR)
+    ctx.couple([q_split[0]], dims["k"], scale=None, sign=None, breaks=NONLINEAR)
+    ctx.couple([q_split[0]], dims["v"], scale=None, sign=None, breaks=NONLINEAR)
+    for d in (dims["q"], dims["k"], dims["v"], out_dim):
+        for system in ("scale", "sign"):
+            ctx.relate(system, [d], (1,))
+
+
+RULES = {
+    "aten::linear": linear,
+    "aten::matmul": matmul,
+    "aten::mm": matmul,
+    "aten::bmm": matmul,
+    "aten::addmm": addmm,
+    "aten::einsum": einsum,
+    "aten::tensordot": tensordot,
+    "aten::conv1d": conv,
+    "aten::conv2d": conv,
+    "aten::conv3d": conv,
+    "aten::embedding": embedding,
+    "aten::scaled_dot_product_attention": sdpa,
+}

@@ -1,0 +1,150 @@
+"""Rules for normalization layers.
+
+BatchNorm in eval mode is a per-channel affine map with stored statistics:
+scaling a channel's input by ``s`` together with ``running_mean`` (by ``s``),
+``running_var`` (by ``s**2``) and ``weight`` (by ``sqrt(s**2 v + eps) / (s sqrt(v + eps))``)
+leaves it exactly unchanged (``norm_scaling``); its affine output can be rescaled
+like any unit. LayerNorm, GroupNorm and RMSNorm normalize across units, so only
+permutations act on their normalized axes (RMSNorm without weight: orthogonal maps).
+"""
+
+from __future__ import annotations
+
+from wsym.detect.context import Context
+from wsym.detect.rules.common import arg, is_tensor, shape
+from wsym.detect.rules.elementwise import NONLINEAR
+from wsym.detect.rules.linear import _affine_leading
+
+
+def _outputs(ctx: Context, node, out) -> None:
+    val = node.meta["val"]
+    if isinstance(val, list | tuple):
+        extra = [ctx.fresh(tuple(v.shape), "normalization statistics") for v in val[1:]]
+        ctx.layouts[node.name] = [out, *extra]
+    else:
+        ctx.layouts[node.name] = out
+
+
+def batch_norm(ctx: Context, node, training: bool, eps: float) -> None:
+    x, w, b, rm, rv = (arg(node, i, n) for i, n in enumerate(("input", "weight", "bias", "running_mean", "running_var")))
+    lx = ctx.layouts[x.name]
+    out = ctx.like(lx)
+    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
+        if i != 1:
+            ctx.couple(do, dx)
+    _affine_leading(ctx, [d for i, d in enumerate(out) if i != 1 and shape(x)[i] > 1])
+    xc, oc = lx[1], out[1]
+    ctx.couple(oc, xc, scale=None, sign=None, breaks=NONLINEAR)
+    if is_tensor(w):
+        ctx.couple(oc, ctx.layouts[w.name][0], sign=None)
+        ctx.relate("sign", [ctx.layouts[w.name][0], oc, xc], (1, 1, 1))
+    else:
+        ctx.relate("sign", [oc, xc], (1, 1))
+        ctx.relate("scale", [oc], (1,))
+    if is_tensor(b):
+        ctx.couple(oc, ctx.layouts[b.name][0])
+    for stat, power in ((rm, 1), (rv, 2)):
+        if is_tensor(stat):
+            ctx.allowed_buffers.add(stat.name)
+            ctx.couple(xc, ctx.layouts[stat.name][0], scale=None, sign=None)
+            ctx.relate("scale", [ctx.layouts[stat.name][0], xc], (1, -power))
+            ctx.relate("sign", [ctx.layouts[stat.name][0], xc], (1, -power))
+    if training or not is_tensor(rv) or (not is_tensor(w) and eps > 0):
+        ctx.relate("scale", [xc], (1,))
+    elif eps > 0:
+        ctx.bn_corrections.append((w.name, rv.name, xc, eps))
+    _outputs(ctx, node, out)
+
+
+def batch_norm_eval(ctx: Context, node) -> None:
+    """_native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)."""
+    batch_norm(ctx, node, training=False, eps=float(arg(node, 6, "eps", 1e-5)))
+
+
+def batch_norm_generic(ctx: Context, node) -> None:
+    """batch_norm / native_batch_norm / _native_batch_norm_legit(x, w, b, rm, rv, training, momentum, eps)."""
+    batch_norm(ctx, node, training=bool(arg(node, 5, "training")), eps=float(arg(node, 7, "eps", 1e-5)))
+
+
+def layer_norm(ctx: Context, node) -> None:
+    """layer_norm(x, normalized_shape, w, b, eps): permutations only on normalized axes."""
+    x, nshape, w, b = node.args[0], node.args[1], arg(node, 2, "weight"), arg(node, 3, "bias")
+    lx = ctx.layouts[x.name]
+    k = len(nshape)
+    out = ctx.like(lx)
+    lead = len(lx) - k
+    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
+        if i < lead:
+            ctx.couple(do, dx, scale="zero", sign="zero", breaks=NONLINEAR)
+        else:
+            ctx.couple(do, dx, scale=None, sign=None, breaks=NONLINEAR)
+            ctx.relate("scale", [dx], (1,))
+            ctx.relate("sign", [dx], (1,))
+    ctx.event(*lx[lead:])
+    for p in (w, b):
+        if is_tensor(p):
+            for do, dp in zip(out[lead:], ctx.layouts[p.name], strict=True):
+                ctx.couple(do, dp)
+    if not is_tensor(w):
+        for do in out[lead:]:
+            ctx.relate("scale", [do], (1,))
+            ctx.relate("sign", [do], (1,))
+    _outputs(ctx, node, out)
+
+
+def rms_norm(ctx: Context, node) -> None:
+    """rms_norm(x, normalized_shape, w, eps): orthogonal on the normalized axes if no weight."""
+    x, nshape, w = node.args[0], node.args[1], arg(node, 2, "weight")
+    lx = ctx.layouts[x.name]
+    lead = len(lx) - len(nshape)
+    out = ctx.like(lx)
+    breaks = NONLINEAR if is_tensor(w) or len(nshape) > 1 else ("gl",)
+    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
+        if i < lead:
+            ctx.couple(do, dx, scale="zero", sign="zero", breaks=NONLINEAR)
+        else:
+            ctx.couple(do, dx, scale=None, sign=None, breaks=breaks)
+            ctx.relate("scale", [dx], (1,))
+            ctx.relate("sign", [dx], (1,))
+    if is_tensor(w):
+        for do, dp in zip(out[lead:], ctx.layouts[w.name], strict=True):
+            ctx.couple(do, dp)
+    else:
+        for do in out[lead:]:
+            ctx.relate("scale", [do], (1,))
+            ctx.relate("sign", [do], (1,))
+    _outputs(ctx, node, out)
+
+
+def group_norm(ctx: Context, node) -> None:
+    """group_norm(x, G, w, b, eps): whole groups permute, and channels within a group."""
+    x, groups, w, b = node.args[0], node.args[1], arg(node, 2, "weight"), arg(node, 3, "bias")
+    lx = ctx.layouts[x.name]
+    out = ctx.like(lx)
+    c = shape(x)[1]
+    split = [ctx.new(groups), ctx.new(c // groups)]
+    split = [[a] if ctx.atoms.size[a] > 1 else [] for a in split]
+    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
+        ctx.couple(do, dx, scale="zero" if i else "eq", sign="zero" if i else "eq", breaks=NONLINEAR)
+    ctx.couple(lx[1], split[0] + split[1], scale=None, sign=None)
+    ctx.relate("scale", [lx[1]], (1,))
+    ctx.relate("sign", [lx[1]], (1,))
+    for p in (w, b):
+        if is_tensor(p):
+            ctx.couple(out[1], ctx.layouts[p.name][0])
+    if not is_tensor(w):
+        ctx.relate("scale", [out[1]], (1,))
+    _outputs(ctx, node, out)
+
+
+RULES = {
+    "aten::_native_batch_norm_legit_no_training": batch_norm_eval,
+    "aten::batch_norm": batch_norm_generic,
+    "aten::native_batch_norm": batch_norm_generic,
+    "aten::_native_batch_norm_legit": batch_norm_generic,
+    "aten::layer_norm": layer_norm,
+    "aten::native_layer_norm": layer_norm,
+    "aten::rms_norm": rms_norm,
+    "aten::group_norm": group_norm,
+    "aten::native_group_norm": group_norm,
+}

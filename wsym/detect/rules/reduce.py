@@ -1,0 +1,80 @@
+"""Rules for reductions and pooling."""
+
+from __future__ import annotations
+
+import re
+
+from wsym.detect.context import Context
+from wsym.detect.rules.common import arg, norm_dim, shape
+from wsym.detect.rules.elementwise import NONLINEAR
+
+
+def _reduce(linear: bool):
+    def rule(ctx: Context, node) -> None:
+        x = node.args[0]
+        lx, in_shape = ctx.layouts[x.name], shape(x)
+        dims = arg(node, 1, "dim", None)
+        if dims is None or dims == []:
+            dims = list(range(len(in_shape)))
+        dims = {norm_dim(d, len(in_shape)) for d in ([dims] if isinstance(dims, int) else dims)}
+        keep = arg(node, 2, "keepdim", False)
+        out_shape = shape(node)
+        out = ctx.fresh(out_shape)
+        j = 0
+        for i, dx in enumerate(lx):
+            if i in dims:
+                ctx.mark(dx, *NONLINEAR)
+                ctx.event(dx)
+                for system in ("scale", "sign"):
+                    ctx.relate(system, [dx], (1,))
+                j += keep
+                continue
+            ctx.couple(out[j], dx, sign="eq" if linear else "zero")
+            if not linear:
+                ctx.mark(dx, *NONLINEAR)
+            j += 1
+        val = node.meta["val"]
+        ctx.layouts[node.name] = [out, ctx.fresh(out_shape, "argmax indices")] if isinstance(val, tuple | list) else out
+
+    return rule
+
+
+mean = _reduce(linear=True)  # linear in the kept axes
+amax = _reduce(linear=False)  # max(s x) = s max(x) for s > 0 only
+
+
+def _pool(scale: str, sign: str):
+    """Pooling over the trailing spatial axes; batch and channel axes pass through."""
+
+    def rule(ctx: Context, node) -> None:
+        x = node.args[0]
+        lx = ctx.layouts[x.name]
+        val = node.meta["val"]
+        out_shape = tuple(val[0].shape) if isinstance(val, tuple | list) else shape(node)
+        spatial = int(re.search(r"(\d)d", node.target._schema.name).group(1))
+        out = ctx.fresh(out_shape)
+        lead = len(lx) - spatial
+        for i in range(lead):
+            breaks = () if scale == "eq" and sign == "eq" else NONLINEAR
+            ctx.couple(out[i], lx[i], scale=scale, sign=sign, breaks=breaks)
+        for d in lx[lead:] + out[lead:]:
+            ctx.block_dim(d, "pooled spatial axis")
+        if isinstance(val, tuple | list):
+            ctx.layouts[node.name] = [out, ctx.fresh(out_shape, "pooling indices")]
+        else:
+            ctx.layouts[node.name] = out
+
+    return rule
+
+
+RULES = {
+    "aten::mean": mean,
+    "aten::sum": mean,
+    "aten::amax": amax,
+}
+for _d in ("1d", "2d", "3d"):
+    RULES[f"aten::max_pool{_d}"] = _pool("eq", "zero")
+    RULES[f"aten::max_pool{_d}_with_indices"] = _pool("eq", "zero")
+    RULES[f"aten::adaptive_max_pool{_d}"] = _pool("eq", "zero")
+    RULES[f"aten::avg_pool{_d}"] = _pool("eq", "eq")
+    RULES[f"aten::adaptive_avg_pool{_d}"] = _pool("eq", "eq")

@@ -1,0 +1,216 @@
+"""From an analysed graph to candidate groups: classes, kinds, exponents, indices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wsym.detect.context import Context, Dep
+from wsym.detect.nullspace import nullspace, row_basis
+from wsym.graph.trace import Traced
+from wsym.spec import Group, Leaf, Split, SymmetrySpec
+
+
+@dataclass
+class ClassInfo:
+    """What the analysis learned about one leaf atom class."""
+
+    size: int
+    blocked: str | None = None
+    breaks: set = field(default_factory=set)
+    conflict: bool = False
+    params: set = field(default_factory=set)
+
+
+class Structure:
+    """Leaf expansion of every occurrence, with inherited blocks and marks."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.atoms = ctx.atoms
+        self.info: dict[int, ClassInfo] = {}
+        self._canon: dict[int, tuple] = {}
+
+    def canon(self, a: int) -> tuple:
+        """Occurrence key of atom ``a``: (base atom, path of sub-axis indices)."""
+        if a not in self._canon:
+            owner = self.ctx.owner.get(a)
+            if owner is None:
+                self._canon[a] = (a, ())
+            else:
+                base, path = self.canon(owner[0])
+                self._canon[a] = (base, (*path, owner[1]))
+        return self._canon[a]
+
+    def leaves(self, a: int) -> list[tuple[tuple, int, int]]:
+        """``(occurrence key, leaf class, parity)`` for every leaf under atom ``a``."""
+        out: list = []
+        self._walk(a, self.canon(a), 0, None, frozenset(), False, out)
+        return out
+
+    def _walk(self, a, key, parity, blocked, breaks, conflict, out) -> None:
+        r, p = self.atoms.find(a)
+        parity ^= p
+        blocked = blocked or self.atoms.blocked.get(r)
+        breaks = breaks | self.atoms.breaks.get(r, set())
+        conflict = conflict or r in self.atoms.conflict
+        split = self.atoms.split.get(r)
+        if split is None:
+            info = self.info.setdefault(r, ClassInfo(size=self.atoms.size[r]))
+            info.blocked = info.blocked or blocked
+            info.breaks |= breaks
+            info.conflict = info.conflict or conflict
+            out.append((key, r, parity))
+            return
+        for i, c in enumerate(split[1]):
+            self._walk(c, (key[0], (*key[1], i)), parity, blocked, breaks, conflict, out)
+
+    def tree(self, a: int, var_ids: dict) -> Leaf | Split:
+        """Layout tree of atom ``a`` (for parameters)."""
+        return self._tree(a, self.canon(a), 0, var_ids)
+
+    def _tree(self, a, key, parity, var_ids):
+        r, p = self.atoms.find(a)
+        parity ^= p
+        split = self.atoms.split.get(r)
+        if split is None:
+            var = var_ids.setdefault(key, len(var_ids))
+            return Leaf(cls=r, size=self.atoms.size[r], parity=parity, var=var)
+        return Split(
+            split[0],
+            tuple(self._tree(c, (key[0], (*key[1], i)), parity, var_ids) for i, c in enumerate(split[1])),
+        )
+
+
+def _factors(layout) -> list[int]:
+    out = []
+    for dim in layout:
+        for f in dim:
+            out.extend(a for p in f.parts for a in p) if isinstance(f, Dep) else out.append(f)
+    return out
+
+
+def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetrySpec:
+    """Candidate groups (not yet verified) of the analysed graph.
+
+    Args:
+        ctx: the analysis context.
+        traced: the traced graph.
+        state_keys: placeholder name -> state-dict key for parameters and buffers.
+    """
+    st = Structure(ctx)
+    tensors = []  # (leaf classes of one tensor)
+    for lay in ctx.layouts.values():
+        for sub in lay if isinstance(lay, tuple) else [lay]:
+            classes = []
+            for a in _factors(sub):
+                classes.extend(r for _, r, _ in st.leaves(a))
+            tensors.append(classes)
+    var_ids: dict = {}
+    layouts = []
+    param_vars: dict = {}  # occurrence key -> leaf class, for state-dict entries
+    for ph, key in state_keys.items():
+        lay = ctx.layouts[ph]
+        dims = tuple(Split("prod", tuple(st.tree(a, var_ids) for a in dim)) for dim in lay)
+        layouts.append((key, dims))
+        for dim in lay:
+            for a in dim:
+                for k, r, _ in st.leaves(a):
+                    param_vars[k] = r
+                    st.info[r].params.add(key)
+    rows = _relation_rows(ctx, st)
+    groups = []
+    for cls, info in sorted(st.info.items()):
+        if info.blocked or not info.params or info.size <= 1:
+            continue
+        groups.extend(_class_groups(ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys))
+    groups.extend(_translations(ctx, st, traced, state_keys, layouts))
+    return SymmetrySpec(groups=tuple(groups), layouts=tuple(layouts), warnings=tuple(ctx.warnings))
+
+
+def _relation_rows(ctx: Context, st: Structure) -> dict:
+    """Expanded exponent rows per (system, leaf class)."""
+    rows: dict = {}
+    for system, _, atoms, coefs in ctx.relations:
+        expansions = [st.leaves(a) for a in atoms]
+        if len({len(e) for e in expansions}) != 1:
+            for e in expansions:
+                for _, r, _ in e:
+                    st.info[r].conflict = True
+            continue
+        for leaves in zip(*expansions, strict=True):
+            row: dict = {}
+            for (k, _, _), c in zip(leaves, coefs, strict=True):
+                row[k] = row.get(k, 0) + c
+            rows.setdefault((system, leaves[0][1]), []).append(row)
+    return rows
+
+
+def _class_groups(ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys) -> list[Group]:
+    params = tuple(sorted(info.params))
+    if "gl" not in info.breaks and not info.conflict:
+        index = _index_classes(ctx, st, cls, tensors)
+        count = 1
+        for c in index:
+            count *= st.info[c].size
+        return [Group("gl", info.size, count, params, cls=cls, index=index)]
+    if "orth" not in info.breaks:
+        index = _index_classes(ctx, st, cls, tensors)
+        count = 1
+        for c in index:
+            count *= st.info[c].size
+        return [Group("orthogonal", info.size, count, params, cls=cls, index=index)]
+    groups = [Group("permutation", info.size, 1, params, cls=cls)]
+    for system, modulus in (("scale", None), ("sign", 2)):
+        class_rows = rows.get((system, cls), [])
+        own = {k for k, r in param_vars.items() if r == cls}
+        variables = sorted({k for row in class_rows for k in row} | own, key=str)
+        basis = nullspace(variables, class_rows, modulus)
+        projected = [{k: x for k, x in v.items() if k in own} for v in basis]
+        for vec in row_basis([v for v in projected if v], modulus):
+            groups.append(_diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys))
+    return groups
+
+
+def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group:
+    exps = dict(sorted((var_ids[k], int(x)) for k, x in vec.items()))
+    var_param = {leaf.var: p for p, dims in layouts for t in dims for leaf in _leaves(t)}
+    params = tuple(sorted({var_param[v] for v in exps}))
+    if system == "sign":
+        return Group("sign", info.size, 1, params, cls=cls, exponents=tuple(exps.items()))
+    corrections = []
+    for w, rv, _, eps in ctx.bn_corrections:
+        u2 = sum(x for v, x in exps.items() if var_param[v] == state_keys[rv])
+        if u2:
+            corrections.append((state_keys[w], state_keys[rv], float(eps), u2 // 2))
+    kind = "norm_scaling" if corrections else "scaling"
+    params = tuple(sorted(set(params) | {c[0] for c in corrections}))
+    return Group(kind, info.size, 1, params, cls=cls, exponents=tuple(exps.items()), corrections=tuple(corrections))
+
+
+def _leaves(t):
+    if isinstance(t, Leaf):
+        return [t]
+    return [leaf for c in t.children for leaf in _leaves(c)]
+
+
+def _index_classes(ctx, st, cls, tensors) -> tuple[int, ...]:
+    """Classes present exactly once beside ``cls`` in every tensor that holds it,
+    and never contracted or reduced without it: a transform may vary along them."""
+    common = None
+    for classes in tensors:
+        if cls not in classes:
+            continue
+        once = {c for c in classes if classes.count(c) == 1 and c != cls}
+        common = once if common is None else common & once
+    common = common or set()
+    for event in ctx.events:
+        contracted = {r for a in event for _, r, _ in st.leaves(a)}
+        if cls not in contracted:
+            common -= contracted
+    return tuple(sorted(c for c in common if st.info[c].size > 1))
+
+
+def _translations(ctx, st, traced, state_keys, layouts) -> list[Group]:
+    from wsym.detect.translation import translation_groups
+
+    return translation_groups(ctx, st, traced, state_keys, layouts)

@@ -1,0 +1,91 @@
+"""Translations: constants that a softmax removes.
+
+* Key bias: ``softmax(q (k + c)^T) = softmax(q k^T)`` because ``q c^T`` is the same
+  for every key, so the key projection's bias is arbitrary (one vector per head).
+* Logit bias: ``softmax(z + c 1) = softmax(z)``, so a uniform shift of the bias of
+  a linear layer read only by a softmax/log-softmax changes nothing.
+
+Both are found by walking back from the attention or softmax node through
+operations that neither mix nor reuse values, to a linear layer with a bias.
+"""
+
+from __future__ import annotations
+
+from wsym.detect.analyze import rule_name
+from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
+from wsym.spec import Group, Leaf
+
+PASS_THROUGH = {
+    "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose", "aten::permute",
+    "aten::unflatten", "aten::flatten", "aten::unsqueeze", "aten::squeeze", "aten::contiguous",
+    "aten::clone", "aten::_to_copy", "aten::alias", "aten::unbind", "aten::select",
+    "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::slice", "aten::narrow",
+    "_operator::getitem", "aten::dropout",
+}
+AXIS_PRESERVING = {"aten::contiguous", "aten::clone", "aten::_to_copy", "aten::alias", "aten::dropout"}
+
+
+def _only_user(node, nxt) -> bool:
+    users = list(node.users)
+    if users == [nxt]:
+        return True
+    return all(rule_name(u) == "_operator::getitem" for u in users) and nxt in users
+
+
+def _source_linear(node, allowed) -> object | None:
+    """The linear node feeding ``node`` through ``allowed`` ops, each read once."""
+    cur, nxt = node, None
+    while True:
+        if nxt is not None and not _only_user(cur, nxt):
+            return None
+        if cur.op != "call_function":
+            return None
+        name = rule_name(cur)
+        if name == "aten::linear":
+            return cur
+        scalar_op = name in ("aten::mul", "aten::div") and not is_tensor(cur.args[1])
+        if name not in allowed and not scalar_op:
+            return None
+        cur, nxt = cur.args[0], cur
+
+
+def _bias_leaves(layouts, key) -> list[Leaf]:
+    from wsym.spec import leaves
+
+    dims = dict(layouts)[key]
+    return [leaf for t in dims for leaf in leaves(t)]
+
+
+def translation_groups(ctx, st, traced, state_keys, layouts) -> list[Group]:
+    """Key-bias and logit-bias translation candidates."""
+    groups = []
+    for node in ctx.attentions:
+        k = node.args[1]
+        lin = _source_linear(k, PASS_THROUGH)
+        bias = arg(lin, 2, "bias") if lin is not None else None
+        if not is_tensor(bias) or bias.name not in state_keys:
+            continue
+        signature = set()
+        for dim in ctx.layouts[k.name]:
+            for a in ctx._atoms_of(dim):
+                signature.update((r, p) for _, r, p in st.leaves(a))
+        key = state_keys[bias.name]
+        target = [leaf for leaf in _bias_leaves(layouts, key) if (leaf.cls, leaf.parity) in signature]
+        if target:
+            size = 1
+            for leaf in target:
+                size *= leaf.size
+            sig = tuple(sorted(signature))
+            groups.append(Group("translation", size, 1, (key,), target=(key, sig, "full")))
+    for node, dim in ctx.softmaxes:
+        x = node.args[0]
+        if norm_dim(dim, len(shape(x))) != len(shape(x)) - 1:
+            continue
+        lin = _source_linear(x, AXIS_PRESERVING)
+        bias = arg(lin, 2, "bias") if lin is not None else None
+        if not is_tensor(bias) or bias.name not in state_keys:
+            continue
+        key = state_keys[bias.name]
+        sig = tuple(sorted({(leaf.cls, leaf.parity) for leaf in _bias_leaves(layouts, key)}))
+        groups.append(Group("translation", 1, 1, (key,), target=(key, sig, "uniform")))
+    return groups

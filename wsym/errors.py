@@ -1,0 +1,22 @@
+"""Exceptions that wsym raises for problems the user can fix.
+
+The command line maps :class:`WsymInputError` to exit code 2 and prints its
+message as is, so the message must be one line that names the cause and the fix.
+"""
+
+
+class WsymInputError(ValueError):
+    """Bad user input: a wrong path, a malformed option, an unknown model name.
+
+    The message is a single line naming the cause and how to fix it.
+
+    Example:
+        >>> raise WsymInputError("checkpoint not found: w.pt; check the path")
+        Traceback (most recent call last):
+        ...
+        wsym.errors.WsymInputError: checkpoint not found: w.pt; check the path
+    """
+
+
+class SymmetryWarning(UserWarning):
+    """A symmetry candidate was dropped, or an operation blocked symmetries through it."""

@@ -1,0 +1,150 @@
+"""Numerical verification: acting with a group element must not change the outputs.
+
+Everything runs in float64, on random inputs of the example's shape, at the
+model's own parameters *and* at generic random parameters (so that a wrong group
+cannot hide behind a zero-initialized branch or a near-zero layer-scale).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten
+
+from wsym.act import act, sample
+from wsym.graph.trace import eval_mode, split_inputs
+from wsym.spec import SymmetrySpec
+
+TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-3}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Largest relative output deviation per group and for all groups together."""
+
+    deviations: tuple[float, ...]
+    joint: float
+    tolerance: float
+
+    @property
+    def failed(self) -> list[int]:
+        """Indices of groups whose deviation exceeds the tolerance."""
+        return [i for i, d in enumerate(self.deviations) if not d <= self.tolerance]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and self.joint <= self.tolerance
+
+
+class Probe:
+    """Forward passes of one model at chosen state dicts, in float64."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs, dtype=torch.float64, seed: int = 0):
+        self.model = copy.deepcopy(model).to(dtype)
+        args, kwargs = split_inputs(example_inputs)
+        gen = torch.Generator().manual_seed(seed)
+        self.args = tuple(_randomize(a, gen, dtype) for a in args)
+        self.kwargs = {k: _randomize(v, gen, dtype) for k, v in kwargs.items()}
+        self.state = {k: v.detach() for k, v in self.model.state_dict(keep_vars=True).items()}
+        self.generic = _generic_state(self.state, gen)
+        for alias, key in tied_keys(self.model).items():  # tied weights stay tied
+            self.generic[alias] = self.generic[key]
+
+    def __call__(self, state: dict) -> torch.Tensor:
+        with torch.no_grad(), eval_mode(self.model):
+            out = functional_call(self.model, state, self.args, self.kwargs, tie_weights=False, strict=False)
+        leaves, _ = tree_flatten(out)
+        return torch.cat([x.reshape(-1).to(torch.float64) for x in leaves if torch.is_tensor(x) and x.is_floating_point()])
+
+
+def tied_keys(model: torch.nn.Module) -> dict[str, str]:
+    """State-dict keys that share storage with an earlier key: alias -> key."""
+    seen, out = {}, {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        ident = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if ident in seen:
+            out[k] = seen[ident]
+        else:
+            seen[ident] = k
+    return out
+
+
+def _randomize(x, gen, dtype):
+    """Fresh random inputs of the same shape (integer inputs are kept: token ids)."""
+    if torch.is_tensor(x) and x.is_floating_point():
+        return torch.randn(x.shape, generator=gen, dtype=torch.float64).to(dtype)
+    return x
+
+
+def _generic_state(state: dict, gen) -> dict:
+    """Random parameters of the same shapes and rough scale; variances stay positive."""
+    out = {}
+    for k, v in state.items():
+        if not v.is_floating_point():
+            out[k] = v
+            continue
+        std = v.std().item() if v.numel() > 1 else abs(v.item()) if v.numel() else 0.0
+        std = std if std > 1e-3 else (1.0 / max(1, v[0].numel()) ** 0.5 if v.ndim > 1 else 0.5)
+        r = torch.randn(v.shape, generator=gen, dtype=torch.float64).to(v.dtype) * std
+        if k.endswith("running_var"):
+            r = r.abs() + 0.5
+        elif v.ndim == 1 and (v > 0).all():  # norm weights, layer-scales: keep a generic positive scale
+            r = r.abs() + v.mean()
+        out[k] = r
+    return out
+
+
+def deviation(probe: Probe, spec: SymmetrySpec, groups, seed: int, scale=(1e-2, 1e2), state=None) -> float:
+    """Relative output change under one random element of ``groups`` at ``state``."""
+    base = probe.state if state is None else state
+    y0 = probe(base)
+    g = sample(spec, seed=seed, scale=scale, groups=groups)
+    y1 = probe(act(spec, g, base))
+    return float((y1 - y0).abs().max() / y0.abs().max().clamp_min(1e-300))
+
+
+def verify(spec: SymmetrySpec, model, example_inputs, seed: int = 0, trials: int = 2, scale=(1e-2, 1e2)) -> VerifyReport:
+    """Measure every group alone and all together, at actual and generic parameters."""
+    probe = Probe(model, example_inputs, seed=seed)
+    per = []
+    for i in range(len(spec.groups)):
+        per.append(max(
+            deviation(probe, spec, [i], seed + t, scale, state)
+            for t in range(trials)
+            for state in (probe.state, probe.generic)
+        ))
+    everything = list(range(len(spec.groups)))
+    joint = max(deviation(probe, spec, everything, seed + 100 + t, scale, state)
+                for t in range(trials) for state in (probe.state, probe.generic)) if everything else 0.0
+    return VerifyReport(tuple(per), joint, TOLERANCE[torch.float64])
+
+
+def screen(spec: SymmetrySpec, probe: Probe, seed: int = 0, scale=(1e-2, 1e2)) -> tuple[list[float], list[int]]:
+    """Group testing: verify sets of groups jointly, bisecting only sets that fail.
+
+    Returns per-group deviations (the joint deviation of the set that cleared it)
+    and the indices of groups that fail on their own.
+    """
+    tol = TOLERANCE[torch.float64]
+    devs = [float("nan")] * len(spec.groups)
+    failed = []
+    stack = [list(range(len(spec.groups)))] if spec.groups else []
+    while stack:
+        groups = stack.pop()
+        d = max(
+            deviation(probe, spec, groups, seed + len(groups), scale, state)
+            for state in (probe.state, probe.generic)
+        )
+        if d <= tol:
+            for i in groups:
+                devs[i] = d
+        elif len(groups) == 1:
+            devs[groups[0]] = d
+            failed.append(groups[0])
+        else:
+            half = len(groups) // 2
+            stack.extend([groups[:half], groups[half:]])
+    return devs, sorted(failed)
