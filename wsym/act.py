@@ -51,7 +51,7 @@ def _random_orthogonal(shape, n, gen) -> torch.Tensor:
 
 def _log_uniform(shape, scale, gen) -> torch.Tensor:
     lo, hi = math.log(scale[0]), math.log(scale[1])
-    return torch.exp(lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=torch.float64))
+    return torch.exp(lo + (hi - lo) * torch.rand(tuple(shape), generator=gen, dtype=torch.float64))
 
 
 def sample_group(spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 1e2)):
@@ -176,6 +176,13 @@ def _translate(group: Group, value, inverted: bool, t: torch.Tensor, trees) -> t
         return block
 
     return transform(stacked, [Leaf(-2, 2, 0, -1), *trees], fn)[0]
+
+
+def translation_size(group: Group, trees) -> int:
+    """Number of parameter entries a (full) translation group moves."""
+    shape = tuple(t.size for t in trees)
+    zeros = torch.zeros(shape, dtype=torch.float64)
+    return int(_translate(group, torch.ones(shape, dtype=torch.float64), False, zeros, trees).count_nonzero())
 
 
 def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:

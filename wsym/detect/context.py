@@ -131,8 +131,6 @@ class Context:
             self.block_dim(da, f"incompatible reshapes ({err})")
             self.block_dim(db, f"incompatible reshapes ({err})")
             return
-        if parity:
-            self.events.append([a for pair in pairs for a in pair])
         for a, b in pairs:
             try:
                 self.atoms.union(a, b, parity)
@@ -149,9 +147,15 @@ class Context:
             if breaks:
                 self.atoms.mark(a, *breaks)
 
-    def event(self, *dims: Dim) -> None:
-        """Record that ``dims`` are contracted or reduced together (not batch-like)."""
-        self.events.append([a for d in dims for a in self._atoms_of(d)])
+    def event(self, dims: list[Dim], context: list[Layout]) -> None:
+        """Record that ``dims`` are contracted or reduced together, among the ``context`` tensors.
+
+        A transform that varies along an axis contracted here (a head index) is
+        only valid if the axis it acts on is contracted with it.
+        """
+        atoms = [a for d in dims for a in self._atoms_of(d)]
+        present = [a for lay in context for d in lay for a in self._atoms_of(d)]
+        self.events.append((atoms, present))
 
     def relate(self, system: str, dims: list[Dim], coefs: tuple) -> None:
         """Record sum_i coefs[i] * e(dims[i]) = 0, atom by atom (dims already coupled)."""

@@ -89,6 +89,47 @@ def _factors(layout) -> list[int]:
     return out
 
 
+MAX_BLOCKS = 512
+
+
+def _alternatives(st: Structure, a: int) -> list[list[int]]:
+    """Leaf classes along each branch of the cat splits under atom ``a``."""
+    r = st.atoms.root(a)
+    split = st.atoms.split.get(r)
+    if split is None:
+        return [[r]]
+    subs = [_alternatives(st, c) for c in split[1]]
+    if split[0] == "cat":
+        return [alt for sub in subs for alt in sub]
+    out = [[]]
+    for sub in subs:
+        out = [x + y for x in out for y in sub][:MAX_BLOCKS]
+    return out
+
+
+def _factor_alternatives(st: Structure, f) -> list[list[int]]:
+    if not isinstance(f, Dep):
+        return _alternatives(st, f)
+    out = []
+    for part in f.parts:  # one part per index of the key axis: alternatives, like cat branches
+        alts = [[]]
+        for a in part:
+            alts = [x + y for x in alts for y in _alternatives(st, a)][:MAX_BLOCKS]
+        out.extend(alts)
+    return out
+
+
+def _blocks(st: Structure, layout) -> list[list[int]]:
+    """Leaf classes of each block of a tensor (one cat branch chosen per axis)."""
+    out = [[]]
+    factors = [f for dim in layout for f in dim]
+    for f in factors:
+        out = [x + y for x in out for y in _factor_alternatives(st, f)]
+        if len(out) > MAX_BLOCKS:  # too many: one bag, which only removes index candidates
+            return [[c for g in factors for alt in _factor_alternatives(st, g) for c in alt]]
+    return out
+
+
 def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetrySpec:
     """Candidate groups (not yet verified) of the analysed graph.
 
@@ -98,13 +139,12 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
         state_keys: placeholder name -> state-dict key for parameters and buffers.
     """
     st = Structure(ctx)
-    tensors = []  # (leaf classes of one tensor)
+    tensors = []  # leaf classes of each block (cat branch) of each tensor
     for lay in ctx.layouts.values():
         for sub in lay if isinstance(lay, tuple) else [lay]:
-            classes = []
             for a in _factors(sub):
-                classes.extend(r for _, r, _ in st.leaves(a))
-            tensors.append(classes)
+                st.leaves(a)  # registers class info
+            tensors.extend(_blocks(st, sub))
     var_ids: dict = {}
     layouts = []
     param_vars: dict = {}  # occurrence key -> leaf class, for state-dict entries
@@ -123,6 +163,9 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
         if info.blocked or not info.params or info.size <= 1:
             continue
         groups.extend(_class_groups(ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys))
+    # a diagonal scale or sign along a head axis is a scalar inside that head's GL block
+    gl_index = {c for g in groups if g.kind == "gl" for c in g.index}
+    groups = [g for g in groups if not (g.kind in ("scaling", "sign") and g.cls in gl_index)]
     groups.extend(_translations(ctx, st, traced, state_keys, layouts))
     return SymmetrySpec(groups=tuple(groups), layouts=tuple(layouts), warnings=tuple(ctx.warnings))
 
@@ -203,9 +246,9 @@ def _index_classes(ctx, st, cls, tensors) -> tuple[int, ...]:
         once = {c for c in classes if classes.count(c) == 1 and c != cls}
         common = once if common is None else common & once
     common = common or set()
-    for event in ctx.events:
-        contracted = {r for a in event for _, r, _ in st.leaves(a)}
-        if cls not in contracted:
+    for atoms, present in ctx.events:
+        contracted = {r for a in atoms for _, r, _ in st.leaves(a)}
+        if cls not in contracted and cls in {r for a in present for _, r, _ in st.leaves(a)}:
             common -= contracted
     return tuple(sorted(c for c in common if st.info[c].size > 1))
 

@@ -11,6 +11,9 @@ operations that neither mix nor reuse values, to a linear layer with a bias.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from wsym.act import translation_size
 from wsym.detect.analyze import rule_name
 from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
 from wsym.spec import Group, Leaf
@@ -25,11 +28,15 @@ PASS_THROUGH = {
 AXIS_PRESERVING = {"aten::contiguous", "aten::clone", "aten::_to_copy", "aten::alias", "aten::dropout"}
 
 
+SEGMENT_OPS = {"_operator::getitem", "aten::select", "aten::slice", "aten::narrow"}
+
+
 def _only_user(node, nxt) -> bool:
+    """``nxt`` is the only reader of ``node``, or every reader takes a segment of it."""
     users = list(node.users)
     if users == [nxt]:
         return True
-    return all(rule_name(u) == "_operator::getitem" for u in users) and nxt in users
+    return nxt in users and all(rule_name(u) in SEGMENT_OPS for u in users)
 
 
 def _source_linear(node, allowed) -> object | None:
@@ -72,11 +79,9 @@ def translation_groups(ctx, st, traced, state_keys, layouts) -> list[Group]:
         key = state_keys[bias.name]
         target = [leaf for leaf in _bias_leaves(layouts, key) if (leaf.cls, leaf.parity) in signature]
         if target:
-            size = 1
-            for leaf in target:
-                size *= leaf.size
-            sig = tuple(sorted(signature))
-            groups.append(Group("translation", size, 1, (key,), target=(key, sig, "full")))
+            group = Group("translation", 0, 1, (key,), target=(key, tuple(sorted(signature)), "full"))
+            size = translation_size(group, dict(layouts)[key])
+            groups.append(replace(group, size=size))
     for node, dim in ctx.softmaxes:
         x = node.args[0]
         if norm_dim(dim, len(shape(x))) != len(shape(x)) - 1:

@@ -33,6 +33,7 @@ def linear(ctx: Context, node) -> None:
         ctx.couple(do, dx)
     ctx.couple(out[-1], lw[0])
     ctx.couple(lx[-1], lw[1], parity=1)
+    ctx.event([lx[-1], lw[1]], [lx, lw])
     if is_tensor(b):
         ctx.couple(out[-1], ctx.layouts[b.name][0])
         _affine_leading(ctx, [d for d, n in zip(out[:-1], shape(node)[:-1], strict=True) if n > 1])
@@ -74,11 +75,12 @@ def einsum_rule(ctx: Context, node, equation: str, operands) -> None:
                 ctx.relate(system, [o, *dims], (1,) + (-1,) * len(dims))
         elif len(dims) == 2:
             ctx.couple(dims[0], dims[1], parity=1)
+            ctx.event(dims, [ctx.layouts[t.name] for t in operands])
         else:
             for d in dims[1:]:
                 ctx.couple(dims[0], d, scale=None, sign=None)
             ctx.mark(dims[0], *NONLINEAR)
-            ctx.event(dims[0])
+            ctx.event(dims, [ctx.layouts[t.name] for t in operands])
             for system in ("scale", "sign"):
                 ctx.relate(system, dims, (1,) * len(dims))
     ctx.layouts[node.name] = out
@@ -141,6 +143,7 @@ def conv(ctx: Context, node) -> None:
     if groups == 1:
         ctx.couple(out[1], lw[0])
         ctx.couple(lx[1], lw[1], parity=1)
+        ctx.event([lx[1], lw[1]], [lx, lw])
     elif groups == cin == cout and shape(w)[1] == 1:  # depthwise: y_c = x_c * w_c
         ctx.couple(out[1], lx[1], scale=None, sign=None, breaks=NONLINEAR)
         ctx.couple(out[1], lw[0], scale=None, sign=None)
@@ -204,6 +207,7 @@ def sdpa(ctx: Context, node) -> None:
     ctx.couple(out[-2], lq[-2])
     ctx.couple(lk[-2], lv[-2], scale="zero", sign="zero", breaks=NONLINEAR)
     ctx.couple(lq[-1], lk[-1], parity=1)
+    ctx.event([lq[-1], lk[-1]], [lq, lk])
     ctx.couple(out[-1], lv[-1])
     if is_tensor(mask):
         lm, ms = ctx.layouts[mask.name], shape(mask)

@@ -80,7 +80,7 @@ def layer_norm(ctx: Context, node) -> None:
             ctx.couple(do, dx, scale=None, sign=None, breaks=NONLINEAR)
             ctx.relate("scale", [dx], (1,))
             ctx.relate("sign", [dx], (1,))
-    ctx.event(*lx[lead:])
+    ctx.event(lx[lead:], [lx])
     for p in (w, b):
         if is_tensor(p):
             for do, dp in zip(out[lead:], ctx.layouts[p.name], strict=True):

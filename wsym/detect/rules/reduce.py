@@ -24,7 +24,7 @@ def _reduce(linear: bool):
         for i, dx in enumerate(lx):
             if i in dims:
                 ctx.mark(dx, *NONLINEAR)
-                ctx.event(dx)
+                ctx.event([dx], [lx])
                 for system in ("scale", "sign"):
                     ctx.relate(system, [dx], (1,))
                 j += keep
