@@ -211,6 +211,11 @@ class Context:
     # -- concatenation and slicing ----------------------------------------
     def concat(self, pieces: list[Dim]) -> int:
         """A new atom that is the concatenation of ``pieces`` (each a dim)."""
+        nonempty = [p for p in pieces if self.dim_size(p) > 0]
+        if len(nonempty) == 1:  # nothing is joined: a copy of the one piece
+            out = self.new(self.dim_size(nonempty[0]))
+            self.couple([out], nonempty[0])
+            return out
         segs = []
         for piece in pieces:
             seg = self.new(self.dim_size(piece))

@@ -248,6 +248,18 @@ def split(ctx, node, lay, in_shape):
     return outs
 
 
+def copy(ctx: Context, node) -> None:
+    """copy(dst, src): the values (and so the axes) of ``src``, in the shape of ``dst``."""
+    src = node.args[1]
+    out_shape, src_shape = shape(node), shape(src)
+    out = ctx.fresh(out_shape)
+    offset = len(out_shape) - len(src_shape)
+    for i, d in enumerate(ctx.layouts[src.name]):
+        if src_shape[i] == out_shape[offset + i] and src_shape[i] > 1:
+            out[offset + i] = list(d)
+    ctx.layouts[node.name] = out
+
+
 def getitem(ctx: Context, node) -> None:
     src, i = node.args
     ctx.layouts[node.name] = ctx.layouts[src.name][i]
@@ -351,6 +363,7 @@ RULES.update(
         "aten::cat": cat,
         "aten::stack": stack,
         "aten::slice_scatter": slice_scatter,
+        "aten::copy": copy,
         "_operator::getitem": getitem,
     }
 )
