@@ -25,10 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from wsym import reference
 from wsym.errors import WsymInputError
 
 #: Models that ship with wsym, built by ``wsym:NAME``; values are ``fn(**config)``.
-BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {}
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": reference.MLP,
+    "cnn": reference.ResidualCNN,
+    "transformer": reference.TinyTransformer,
+}
 #: Optional example-input makers for builtins: ``fn(shape, dtype, generator) -> inputs``.
 #: A builtin without one gets ``torch.randn(shape)``.
 BUILTIN_INPUTS: dict[str, Callable[[tuple[int, ...], torch.dtype, torch.Generator], Any]] = {}

@@ -21,9 +21,9 @@ GRAPH_SUFFIXES = (".graphml", ".json")
 
 #: Architectures ``wsym demo`` runs detection on: (model spec, config, input shape).
 DEMO_CASES: tuple[tuple[str, str, str], ...] = (
-    ("wsym:mlp", "", "8,16"),
-    ("wsym:cnn", "", "2,3,16,16"),
-    ("wsym:transformer", "", "2,8"),
+    ("wsym:mlp", "d_in=40", "8,40"),
+    ("wsym:cnn", "channels=16", "2,1,16,16"),
+    ("wsym:transformer", "seq=8", "2,8,4"),
     ("torchvision:resnet18", "", "1,3,64,64"),
     (
         "hf:bert",

@@ -39,8 +39,13 @@ def _only_user(node, nxt) -> bool:
     return nxt in users and all(rule_name(u) in SEGMENT_OPS for u in users)
 
 
-def _source_linear(node, allowed) -> object | None:
-    """The linear node feeding ``node`` through ``allowed`` ops, each read once."""
+def _source(node, allowed, targets=("aten::linear",), masks=False) -> object | None:
+    """The ``targets`` node feeding ``node`` through ``allowed`` ops, each read once.
+
+    Multiplication by a number is allowed, and with ``masks`` the addition of
+    another tensor (an attention mask: constant along the softmax axis or not,
+    it does not interact with a shift that is constant along it).
+    """
     cur, nxt = node, None
     while True:
         if nxt is not None and not _only_user(cur, nxt):
@@ -48,12 +53,17 @@ def _source_linear(node, allowed) -> object | None:
         if cur.op != "call_function":
             return None
         name = rule_name(cur)
-        if name == "aten::linear":
+        if name in targets:
             return cur
         scalar_op = name in ("aten::mul", "aten::div") and not is_tensor(cur.args[1])
-        if name not in allowed and not scalar_op:
+        mask_op = masks and name in ("aten::add", "aten::sub") and is_tensor(cur.args[0])
+        if name not in allowed and not scalar_op and not mask_op:
             return None
         cur, nxt = cur.args[0], cur
+
+
+def _source_linear(node, allowed):
+    return _source(node, allowed)
 
 
 def _bias_leaves(layouts, key) -> list[Leaf]:
@@ -65,9 +75,15 @@ def _bias_leaves(layouts, key) -> list[Leaf]:
 
 def translation_groups(ctx, st, traced, state_keys, layouts) -> list[Group]:
     """Key-bias and logit-bias translation candidates."""
+    keys = [node.args[1] for node in ctx.attentions]
+    for node, dim in ctx.softmaxes:  # softmax(q @ k^T ...) written out
+        x = node.args[0]
+        if norm_dim(dim, len(shape(x))) == len(shape(x)) - 1:
+            mm = _source(x, AXIS_PRESERVING, targets=("aten::matmul", "aten::bmm"), masks=True)
+            if mm is not None and len(shape(mm.args[1])) >= 2:
+                keys.append(mm.args[1])
     groups = []
-    for node in ctx.attentions:
-        k = node.args[1]
+    for k in keys:
         lin = _source_linear(k, PASS_THROUGH)
         bias = arg(lin, 2, "bias") if lin is not None else None
         if not is_tensor(bias) or bias.name not in state_keys:

@@ -1,0 +1,127 @@
+"""Reference architectures: small, readable models used by tests, demos and zoos.
+
+* :class:`MLP` -- linear layers with a chosen activation.
+* :class:`ResidualCNN` -- conv, BatchNorm, ReLU and a residual block.
+* :class:`TinyTransformer` -- hand-written multi-head attention and an MLP block,
+  pre-LayerNorm, on token ids or on patches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+ACTIVATIONS = {
+    "relu": nn.ReLU,
+    "leaky_relu": nn.LeakyReLU,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "sigmoid": nn.Sigmoid,
+    "identity": nn.Identity,
+}
+
+
+class MLP(nn.Sequential):
+    """Fully connected network ``in -> widths... -> out`` with one activation.
+
+    Example:
+        >>> MLP(4, [8, 8], 2)(torch.randn(3, 4)).shape
+        torch.Size([3, 2])
+    """
+
+    def __init__(self, d_in: int = 40, widths=(64, 64), d_out: int = 10, activation: str = "relu"):
+        layers: list[nn.Module] = []
+        for w in widths:
+            layers += [nn.Linear(d_in, w), ACTIVATIONS[activation]()]
+            d_in = w
+        layers.append(nn.Linear(d_in, d_out))
+        super().__init__(*layers)
+
+
+class ResidualCNN(nn.Module):
+    """Conv-BN-ReLU stem, one residual block, global pooling and a linear head.
+
+    Example:
+        >>> ResidualCNN(channels=4)(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, in_channels: int = 1, channels: int = 16, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        r = torch.relu(self.bn1(self.conv1(h)))
+        h = torch.relu(h + self.bn2(self.conv2(r)))
+        return self.head(h.mean(dim=(2, 3)))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out: softmax(q k^T / sqrt(d)) v."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+
+        def split(z):
+            return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        y = scores.softmax(dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: attention and a ReLU MLP, each residual."""
+
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    """Token (or patch) embedding, positional embedding, blocks, mean-pooled head.
+
+    Args:
+        vocab: vocabulary size for token-id inputs; 0 means inputs are float
+            sequences of ``patch`` features (e.g. mnist1d as patches).
+
+    Example:
+        >>> TinyTransformer(vocab=11, dim=8, heads=2, depth=1)(torch.randint(0, 11, (2, 5))).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, vocab: int = 0, patch: int = 4, seq: int = 10, dim: int = 32, heads: int = 4,
+                 depth: int = 2, hidden: int = 64, classes: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim) if vocab else nn.Linear(patch, dim)
+        self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads, hidden) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h).mean(dim=1))
