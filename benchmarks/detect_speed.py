@@ -1,0 +1,187 @@
+"""Benchmark: cost of ``wsym.detect`` in forward passes of the model itself.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/detect_speed.py [--models resnet50,bert-base] [--json PATH]
+
+For each model (random weights, nothing downloaded) it times one float32 and one
+float64 forward pass (median of 3 after one warm-up), then the phases of
+``wsym.detect`` as it calls them (trace, analyze, solve, verification = float64
+probe setup + group-testing screen), and the whole ``wsym.detect`` call end to end.
+One-time ``torch.export`` start-up is excluded by tracing a tiny model first.
+Ratios are seconds / (float32 forward seconds); the goal is detection +
+verification <= 20 forward passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import warnings
+from collections import Counter
+from time import perf_counter
+
+import torch
+
+import wsym
+from wsym.detect.analyze import analyze
+from wsym.detect.solve import solve
+from wsym.graph.trace import trace
+from wsym.verify import Probe, screen, tied_keys
+
+GOAL = 20
+
+
+def resnet50():
+    import torchvision
+
+    return torchvision.models.resnet50(weights=None), torch.randn(1, 3, 224, 224)
+
+
+def bert_base():
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+    )
+    return BertModel(config), {"input_ids": torch.randint(0, config.vocab_size, (1, 128))}
+
+
+MODELS = {"resnet50": resnet50, "bert-base": bert_base}
+
+
+class CountingProbe(Probe):
+    """A :class:`~wsym.verify.Probe` that counts its forward passes."""
+
+    calls = 0
+
+    def __call__(self, state):
+        self.calls += 1
+        return super().__call__(state)
+
+
+def call(model, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+
+
+def forward_seconds(model, inputs, repeats: int = 3) -> float:
+    """Median wall time of one no-grad eval forward, after one warm-up."""
+    model.eval()
+    with torch.no_grad():
+        call(model, inputs)
+        times = []
+        for _ in range(repeats):
+            t = perf_counter()
+            call(model, inputs)
+            times.append(perf_counter() - t)
+    return statistics.median(times)
+
+
+def to_double(inputs):
+    if isinstance(inputs, dict):
+        return {k: to_double(v) for k, v in inputs.items()}
+    return inputs.double() if inputs.is_floating_point() else inputs
+
+
+def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
+    """Replicate ``wsym.detect``'s phases, timing each; returns (seconds, probe forwards)."""
+    t = {}
+    start = perf_counter()
+    traced = trace(model, inputs)
+    t["trace"] = perf_counter() - start
+
+    start = perf_counter()
+    ctx = analyze(traced)
+    t["analyze"] = perf_counter() - start
+
+    start = perf_counter()
+    state_keys = {**traced.parameters, **traced.buffers}
+    spec = solve(ctx, traced, state_keys)
+    t["solve"] = perf_counter() - start
+
+    keys = set(state_keys.values())
+    aliases = tuple((a, k) for a, k in tied_keys(model).items() if k in keys and a not in keys)
+    spec = dataclasses.replace(spec, aliases=aliases, deviations=())
+    start = perf_counter()
+    probe = CountingProbe(model, inputs, seed=seed)
+    t["verify: probe setup"] = perf_counter() - start
+    start = perf_counter()
+    if spec.groups:
+        screen(spec, probe, seed=seed)
+    t["verify: screen"] = perf_counter() - start
+    t["verify (total)"] = t["verify: probe setup"] + t["verify: screen"]
+    return t, probe.calls
+
+
+def bench(name: str) -> dict:
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.eval()
+    fwd32 = forward_seconds(model, inputs)
+    fwd64 = forward_seconds(copy.deepcopy(model).double(), to_double(inputs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        phases, probe_calls = detect_phases(model, inputs)
+        start = perf_counter()
+        spec = wsym.detect(model, inputs)
+        total = perf_counter() - start
+    rows = {
+        "forward float32": fwd32,
+        "forward float64": fwd64,
+        **phases,
+        "wsym.detect total": total,
+    }
+    return {
+        "model": name,
+        "seconds": rows,
+        "ratio": {k: v / fwd32 for k, v in rows.items()},
+        "probe_forwards": probe_calls,
+        "groups": dict(sorted(Counter(g.kind for g in spec.groups).items())),
+        "forward_passes": total / fwd32,
+    }
+
+
+def report(r: dict) -> None:
+    print(f"\n== {r['model']} ==")
+    print(f"{'phase':<22}{'seconds':>10}{'ratio':>10}")
+    for k, s in r["seconds"].items():
+        print(f"{k:<22}{s:>10.3f}{r['ratio'][k]:>10.1f}")
+    print(f"probe forward passes (float64) in screen: {r['probe_forwards']}")
+    groups = ", ".join(f"{k}: {n}" for k, n in r["groups"].items()) or "none"
+    print(f"groups found: {sum(r['groups'].values())} ({groups})")
+    print(f"detection + verification = {r['forward_passes']:.1f} forward passes (goal: <= {GOAL})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS)
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    args = parser.parse_args()
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    trace(torch.nn.Linear(2, 2), torch.randn(1, 2))  # one-time torch.export start-up, not timed
+    results = []
+    for name in names:
+        results.append(bench(name))
+        report(results[-1])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""One registry of detection cases: model factory, example inputs, expected group counts.
+
+Expected counts are the exact group table each architecture must produce; every
+reported group is also checked numerically by the tests that use this registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from wsym.reference import MLP, ResidualCNN, TinyTransformer
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Any  # () -> nn.Module
+    inputs: Any  # () -> Tensor | tuple | dict
+    expected: dict
+    slow: bool = False
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d=6, h=5):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, h), nn.Linear(d, h), nn.Linear(h, 3)
+
+    def forward(self, x):
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+class DepthwiseNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pw = nn.Conv2d(3, 6, 1)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.dw(torch.relu(self.pw(x))))
+        return self.head(h.mean(dim=(2, 3)))
+
+
+class MHAClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc(self.enc(x).mean(1)).log_softmax(-1)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(12, 3, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+class GQA(nn.Module):
+    """Grouped-query attention through scaled_dot_product_attention(enable_gqa=True)."""
+
+    def __init__(self, dim=12, heads=4, kv_heads=2):
+        super().__init__()
+        self.h, self.kv, self.d = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, heads * self.d)
+        self.k = nn.Linear(dim, kv_heads * self.d)
+        self.v = nn.Linear(dim, kv_heads * self.d)
+        self.o = nn.Linear(heads * self.d, dim)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.h, self.d).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv, self.d).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv, self.d).transpose(1, 2)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def _resnet18():
+    import torchvision
+
+    return torchvision.models.resnet18()
+
+
+def _vit(depth=12, **kw):
+    import timm
+
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=depth, **kw)
+
+
+def _bert():
+    import transformers
+
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100
+    )
+    return transformers.BertModel(cfg)
+
+
+def _e3nn():
+    from e3nn import nn as enn
+    from e3nn import o3
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = o3.Linear("4x0e + 3x1o", "8x0e + 4x0e + 4x1o")
+            self.gate = enn.Gate("8x0e", [torch.relu], "4x0e", [torch.sigmoid], "4x1o")
+            self.l2 = o3.Linear("8x0e + 4x1o", "2x0e + 1x1o")
+
+        def forward(self, x):
+            return self.l2(self.gate(self.l1(x)))
+
+    return Net()
+
+
+CASES = [
+    Case("mlp-relu", lambda: MLP(6, [5, 4], 3), lambda: torch.randn(3, 6), {"permutation": 2, "scaling": 2}),
+    Case("mlp-tanh", lambda: MLP(6, [5, 4], 3, "tanh"), lambda: torch.randn(3, 6), {"permutation": 2, "sign": 2}),
+    Case("mlp-gelu", lambda: MLP(6, [5, 4], 3, "gelu"), lambda: torch.randn(3, 6), {"permutation": 2}),
+    Case("mlp-leaky", lambda: MLP(6, [5], 3, "leaky_relu"), lambda: torch.randn(3, 6), {"permutation": 1, "scaling": 1}),
+    Case("linear-linear", lambda: MLP(6, [5], 3, "identity"), lambda: torch.randn(3, 6), {"gl": 1}),
+    Case("swiglu", SwiGLU, lambda: torch.randn(3, 6), {"permutation": 1, "scaling": 1, "sign": 1}),
+    Case("depthwise", DepthwiseNet, lambda: torch.randn(2, 3, 5, 5), {"permutation": 1, "scaling": 2}),
+    Case(
+        "residual-cnn",
+        lambda: ResidualCNN(channels=4),
+        lambda: torch.randn(2, 1, 6, 6),
+        {"norm_scaling": 3, "permutation": 2, "scaling": 2, "sign": 3},
+    ),
+    Case(
+        "tiny-transformer",
+        lambda: TinyTransformer(patch=4, seq=6, dim=8, heads=2, depth=1, hidden=12),
+        lambda: torch.randn(2, 6, 4),
+        {"gl": 2, "permutation": 3, "scaling": 4, "sign": 3, "translation": 1},
+    ),
+    Case(
+        "tiny-transformer-tokens",
+        lambda: TinyTransformer(vocab=11, seq=6, dim=8, heads=2, depth=2, hidden=12),
+        lambda: torch.randint(0, 11, (2, 6)),
+        {"gl": 4, "permutation": 5, "scaling": 7, "sign": 5, "translation": 2},
+    ),
+    Case("mha", SelfAttention, lambda: torch.randn(2, 5, 12), {"gl": 2, "permutation": 1, "translation": 1}),
+    Case(
+        "transformer-encoder-layer",
+        MHAClassifier,
+        lambda: torch.randn(2, 5, 16),
+        {"gl": 2, "permutation": 2, "scaling": 1, "translation": 2},
+    ),
+    Case("gqa", GQA, lambda: torch.randn(2, 5, 12), {"gl": 2, "permutation": 2, "translation": 1}),
+    Case(
+        "resnet18",
+        _resnet18,
+        lambda: torch.randn(1, 3, 32, 32),
+        {"norm_scaling": 20, "permutation": 12, "scaling": 12, "sign": 20},
+        slow=True,
+    ),
+    Case(
+        "vit_tiny_patch16_224",
+        _vit,
+        lambda: torch.randn(1, 3, 224, 224),
+        {"gl": 24, "permutation": 25, "scaling": 25, "sign": 25, "translation": 12},
+        slow=True,
+    ),
+    Case("bert", _bert, lambda: {"input_ids": torch.randint(0, 100, (2, 7))}, {"gl": 4, "permutation": 4, "translation": 2}),
+    Case("e3nn-gate", _e3nn, lambda: torch.randn(5, 13), {"permutation": 2, "scaling": 2, "sign": 1}),
+]
+
+BY_NAME = {c.name: c for c in CASES}
