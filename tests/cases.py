@@ -100,7 +100,11 @@ def _bert():
     import transformers
 
     cfg = transformers.BertConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
     )
     return transformers.BertModel(cfg)
 
@@ -123,13 +127,32 @@ def _e3nn():
 
 
 CASES = [
-    Case("mlp-relu", lambda: MLP(6, [5, 4], 3), lambda: torch.randn(3, 6), {"permutation": 2, "scaling": 2}),
-    Case("mlp-tanh", lambda: MLP(6, [5, 4], 3, "tanh"), lambda: torch.randn(3, 6), {"permutation": 2, "sign": 2}),
-    Case("mlp-gelu", lambda: MLP(6, [5, 4], 3, "gelu"), lambda: torch.randn(3, 6), {"permutation": 2}),
-    Case("mlp-leaky", lambda: MLP(6, [5], 3, "leaky_relu"), lambda: torch.randn(3, 6), {"permutation": 1, "scaling": 1}),
+    Case(
+        "mlp-relu",
+        lambda: MLP(6, [5, 4], 3),
+        lambda: torch.randn(3, 6),
+        {"permutation": 2, "scaling": 2},
+    ),
+    Case(
+        "mlp-tanh",
+        lambda: MLP(6, [5, 4], 3, "tanh"),
+        lambda: torch.randn(3, 6),
+        {"permutation": 2, "sign": 2},
+    ),
+    Case(
+        "mlp-gelu", lambda: MLP(6, [5, 4], 3, "gelu"), lambda: torch.randn(3, 6), {"permutation": 2}
+    ),
+    Case(
+        "mlp-leaky",
+        lambda: MLP(6, [5], 3, "leaky_relu"),
+        lambda: torch.randn(3, 6),
+        {"permutation": 1, "scaling": 1},
+    ),
     Case("linear-linear", lambda: MLP(6, [5], 3, "identity"), lambda: torch.randn(3, 6), {"gl": 1}),
     Case("swiglu", SwiGLU, lambda: torch.randn(3, 6), {"permutation": 1, "scaling": 1, "sign": 1}),
-    Case("depthwise", DepthwiseNet, lambda: torch.randn(2, 3, 5, 5), {"permutation": 1, "scaling": 2}),
+    Case(
+        "depthwise", DepthwiseNet, lambda: torch.randn(2, 3, 5, 5), {"permutation": 1, "scaling": 2}
+    ),
     Case(
         "residual-cnn",
         lambda: ResidualCNN(channels=4),
@@ -148,7 +171,12 @@ CASES = [
         lambda: torch.randint(0, 11, (2, 6)),
         {"gl": 4, "permutation": 5, "scaling": 7, "sign": 5, "translation": 2},
     ),
-    Case("mha", SelfAttention, lambda: torch.randn(2, 5, 12), {"gl": 2, "permutation": 1, "translation": 1}),
+    Case(
+        "mha",
+        SelfAttention,
+        lambda: torch.randn(2, 5, 12),
+        {"gl": 2, "permutation": 1, "translation": 1},
+    ),
     Case(
         "transformer-encoder-layer",
         MHAClassifier,
@@ -170,8 +198,15 @@ CASES = [
         {"gl": 24, "permutation": 25, "scaling": 25, "sign": 25, "translation": 12},
         slow=True,
     ),
-    Case("bert", _bert, lambda: {"input_ids": torch.randint(0, 100, (2, 7))}, {"gl": 4, "permutation": 4, "translation": 2}),
-    Case("e3nn-gate", _e3nn, lambda: torch.randn(5, 13), {"permutation": 2, "scaling": 2, "sign": 1}),
+    Case(
+        "bert",
+        _bert,
+        lambda: {"input_ids": torch.randint(0, 100, (2, 7))},
+        {"gl": 4, "permutation": 4, "translation": 2},
+    ),
+    Case(
+        "e3nn-gate", _e3nn, lambda: torch.randn(5, 13), {"permutation": 2, "scaling": 2, "sign": 1}
+    ),
 ]
 
 BY_NAME = {c.name: c for c in CASES}

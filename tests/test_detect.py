@@ -19,7 +19,9 @@ def outputs(model, state, inputs):
     with torch.no_grad():
         out = functional_call(model, state, args, kwargs, tie_weights=False)
     leaves, _ = tree_flatten(out)
-    return torch.cat([x.reshape(-1) for x in leaves if torch.is_tensor(x) and x.is_floating_point()])
+    return torch.cat(
+        [x.reshape(-1) for x in leaves if torch.is_tensor(x) and x.is_floating_point()]
+    )
 
 
 def as_float64(model, inputs):

@@ -77,7 +77,9 @@ def sample_group(spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 
     raise ValueError(f"unknown group kind {g.kind}")
 
 
-def sample(spec: SymmetrySpec, seed: int = 0, scale=(1e-2, 1e2), kinds=None, groups=None) -> GroupElement:
+def sample(
+    spec: SymmetrySpec, seed: int = 0, scale=(1e-2, 1e2), kinds=None, groups=None
+) -> GroupElement:
     """A random element of the product of ``spec``'s groups (or of ``kinds``/``groups`` only)."""
     gen = torch.Generator().manual_seed(seed)
     chosen = range(len(spec.groups)) if groups is None else groups
@@ -100,7 +102,10 @@ def transform(t: torch.Tensor, trees: list, fn) -> torch.Tensor:
         if isinstance(tree, Split):
             parts = torch.split(t, [c.size for c in tree.children], dim=i)
             return torch.cat(
-                [transform(p, trees[:i] + [c] + trees[i + 1 :], fn) for p, c in zip(parts, tree.children, strict=True)],
+                [
+                    transform(p, trees[:i] + [c] + trees[i + 1 :], fn)
+                    for p, c in zip(parts, tree.children, strict=True)
+                ],
                 dim=i,
             )
     return fn(t, trees)
@@ -182,7 +187,11 @@ def translation_size(group: Group, trees) -> int:
     """Number of parameter entries a (full) translation group moves."""
     shape = tuple(t.size for t in trees)
     zeros = torch.zeros(shape, dtype=torch.float64)
-    return int(_translate(group, torch.ones(shape, dtype=torch.float64), False, zeros, trees).count_nonzero())
+    return int(
+        _translate(
+            group, torch.ones(shape, dtype=torch.float64), False, zeros, trees
+        ).count_nonzero()
+    )
 
 
 def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:

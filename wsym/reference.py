@@ -50,7 +50,9 @@ class ResidualCNN(nn.Module):
 
     def __init__(self, in_channels: int = 1, channels: int = 16, classes: int = 10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()
+        )
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(channels)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
@@ -111,8 +113,17 @@ class TinyTransformer(nn.Module):
         torch.Size([2, 10])
     """
 
-    def __init__(self, vocab: int = 0, patch: int = 4, seq: int = 10, dim: int = 32, heads: int = 4,
-                 depth: int = 2, hidden: int = 64, classes: int = 10):
+    def __init__(
+        self,
+        vocab: int = 0,
+        patch: int = 4,
+        seq: int = 10,
+        dim: int = 32,
+        heads: int = 4,
+        depth: int = 2,
+        hidden: int = 64,
+        classes: int = 10,
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim) if vocab else nn.Linear(patch, dim)
         self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)

@@ -140,7 +140,7 @@ class SymmetrySpec:
     # -- derived maps -----------------------------------------------------
     @property
     def layout(self) -> dict[str, tuple]:
-        """param -> tuple of dimension trees."""
+        """Param -> tuple of dimension trees."""
         return dict(self.layouts)
 
     def axes_of(self, group: Group) -> list[tuple[str, int]]:
@@ -195,7 +195,9 @@ class SymmetrySpec:
         rows = [("kind", "size", "count", "dev", "parameters")]
         for i, g in enumerate(self.groups):
             dev = f"{self.deviations[i]:.1e}" if i < len(self.deviations) else "-"
-            params = ", ".join(g.params[:4]) + (f", ... (+{len(g.params) - 4})" if len(g.params) > 4 else "")
+            params = ", ".join(g.params[:4]) + (
+                f", ... (+{len(g.params) - 4})" if len(g.params) > 4 else ""
+            )
             rows.append((g.kind, str(g.size), str(g.count), dev, params))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
@@ -249,4 +251,4 @@ class SymmetrySpec:
 def _target_from_json(t):
     if not t:
         return ()
-    return (t[0], tuple(t[1]), t[2])
+    return (t[0], tuple(tuple(x) for x in t[1]), t[2])

@@ -55,16 +55,29 @@ class Probe:
 
     def __call__(self, state: dict) -> torch.Tensor:
         with torch.no_grad(), eval_mode(self.model):
-            out = functional_call(self.model, state, self.args, self.kwargs, tie_weights=False, strict=False)
+            out = functional_call(
+                self.model, state, self.args, self.kwargs, tie_weights=False, strict=False
+            )
         leaves, _ = tree_flatten(out)
-        return torch.cat([x.reshape(-1).to(torch.float64) for x in leaves if torch.is_tensor(x) and x.is_floating_point()])
+        return torch.cat(
+            [
+                x.reshape(-1).to(torch.float64)
+                for x in leaves
+                if torch.is_tensor(x) and x.is_floating_point()
+            ]
+        )
 
 
 def tied_keys(model: torch.nn.Module) -> dict[str, str]:
     """State-dict keys that share storage with an earlier key: alias -> key."""
     seen, out = {}, {}
     for k, v in model.state_dict(keep_vars=True).items():
-        ident = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        ident = (
+            v.untyped_storage().data_ptr(),
+            v.storage_offset(),
+            tuple(v.shape),
+            tuple(v.stride()),
+        )
         if ident in seen:
             out[k] = seen[ident]
         else:
@@ -91,13 +104,17 @@ def _generic_state(state: dict, gen) -> dict:
         r = torch.randn(v.shape, generator=gen, dtype=torch.float64).to(v.dtype) * std
         if k.endswith("running_var"):
             r = r.abs() + 0.5
-        elif v.ndim == 1 and (v > 0).all():  # norm weights, layer-scales: keep a generic positive scale
+        elif (
+            v.ndim == 1 and (v > 0).all()
+        ):  # norm weights, layer-scales: keep a generic positive scale
             r = r.abs() + v.mean()
         out[k] = r
     return out
 
 
-def deviation(probe: Probe, spec: SymmetrySpec, groups, seed: int, scale=(1e-2, 1e2), state=None) -> float:
+def deviation(
+    probe: Probe, spec: SymmetrySpec, groups, seed: int, scale=(1e-2, 1e2), state=None
+) -> float:
     """Relative output change under one random element of ``groups`` at ``state``."""
     base = probe.state if state is None else state
     y0 = probe(base)
@@ -106,23 +123,36 @@ def deviation(probe: Probe, spec: SymmetrySpec, groups, seed: int, scale=(1e-2, 
     return float((y1 - y0).abs().max() / y0.abs().max().clamp_min(1e-300))
 
 
-def verify(spec: SymmetrySpec, model, example_inputs, seed: int = 0, trials: int = 2, scale=(1e-2, 1e2)) -> VerifyReport:
+def verify(
+    spec: SymmetrySpec, model, example_inputs, seed: int = 0, trials: int = 2, scale=(1e-2, 1e2)
+) -> VerifyReport:
     """Measure every group alone and all together, at actual and generic parameters."""
     probe = Probe(model, example_inputs, seed=seed)
     per = []
     for i in range(len(spec.groups)):
-        per.append(max(
-            deviation(probe, spec, [i], seed + t, scale, state)
+        per.append(
+            max(
+                deviation(probe, spec, [i], seed + t, scale, state)
+                for t in range(trials)
+                for state in (probe.state, probe.generic)
+            )
+        )
+    everything = list(range(len(spec.groups)))
+    joint = (
+        max(
+            deviation(probe, spec, everything, seed + 100 + t, scale, state)
             for t in range(trials)
             for state in (probe.state, probe.generic)
-        ))
-    everything = list(range(len(spec.groups)))
-    joint = max(deviation(probe, spec, everything, seed + 100 + t, scale, state)
-                for t in range(trials) for state in (probe.state, probe.generic)) if everything else 0.0
+        )
+        if everything
+        else 0.0
+    )
     return VerifyReport(tuple(per), joint, TOLERANCE[torch.float64])
 
 
-def screen(spec: SymmetrySpec, probe: Probe, seed: int = 0, scale=(1e-2, 1e2)) -> tuple[list[float], list[int]]:
+def screen(
+    spec: SymmetrySpec, probe: Probe, seed: int = 0, scale=(1e-2, 1e2)
+) -> tuple[list[float], list[int]]:
     """Group testing: verify sets of groups jointly, bisecting only sets that fail.
 
     Returns per-group deviations (the joint deviation of the set that cleared it)

@@ -15,7 +15,9 @@ from wsym.spec import SymmetrySpec
 from wsym.verify import Probe, screen, tied_keys
 
 
-def detect(model: torch.nn.Module, example_inputs, *, verify: bool = True, seed: int = 0) -> SymmetrySpec:
+def detect(
+    model: torch.nn.Module, example_inputs, *, verify: bool = True, seed: int = 0
+) -> SymmetrySpec:
     """Detect the parameter-space symmetries of ``model`` and verify each numerically.
 
     The model is traced with ``torch.export`` in eval mode; one rule per operation

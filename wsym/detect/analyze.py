@@ -51,7 +51,9 @@ def run_pass(traced: Traced, indexed_sites=frozenset()) -> Context:
         if node.op == "placeholder":
             if node.name in traced.parameters or node.name in traced.buffers:
                 reason = None if _is_float(node) else "integer parameter or buffer"
-                ctx.layouts[node.name] = _fresh_like(ctx, node, reason) if reason else _fresh_like_free(ctx, node)
+                ctx.layouts[node.name] = (
+                    _fresh_like(ctx, node, reason) if reason else _fresh_like_free(ctx, node)
+                )
             else:
                 ctx.layouts[node.name] = _fresh_like(ctx, node, "model input")
         elif node.op == "get_attr":
@@ -82,7 +84,9 @@ def _apply(ctx: Context, node) -> None:
     rule = RULES.get(name)
     if rule is None or not _is_float_op(node):
         reason = f"operation {name} is not understood" if rule is None else f"integer op {name}"
-        if rule is None and any(_tensor_layouts(ctx, s) for s in node.all_input_nodes if _is_float(s)):
+        if rule is None and any(
+            _tensor_layouts(ctx, s) for s in node.all_input_nodes if _is_float(s)
+        ):
             ctx.warn(f"{name} ({node.name}) is not understood; it blocks symmetries through it")
         for src in node.all_input_nodes:
             for lay in _tensor_layouts(ctx, src):

@@ -250,7 +250,9 @@ class Context:
         split = self.atoms.split_of(atom)
         if split is None:
             bounds = sorted({0, max(0, start), min(size, stop), size})
-            children = [self.new(b - a, owner=(atom, i)) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+            children = [
+                self.new(b - a, owner=(atom, i)) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))
+            ]
             self.atoms.set_split(atom, "cat", children)
             split = ("cat", children)
         if split[0] != "cat":

@@ -23,7 +23,9 @@ def _collapse(variables, rows, modulus: int | None):
         row = {k: c for k, c in row.items() if (c % modulus if modulus else c)}
         if len(row) == 1:
             zeros.add(next(iter(row)))
-        elif len(row) == 2 and (modulus or abs(list(row.values())[0]) == abs(list(row.values())[1])):
+        elif len(row) == 2 and (
+            modulus or abs(list(row.values())[0]) == abs(list(row.values())[1])
+        ):
             (a, ca), (b, cb) = row.items()
             (ra, sa), (rb, sb) = find(a), find(b)
             rel = 1 if modulus else (-1 if ca == cb else 1)  # e_a = rel * e_b
@@ -61,7 +63,9 @@ def _rref_nullspace(cols, rows, modulus: int | None):
         mat.append(vec)
     pivots, r = [], 0
     for c in range(len(cols)):
-        pr = next((i for i in range(r, len(mat)) if (mat[i][c] % modulus if modulus else mat[i][c])), None)
+        pr = next(
+            (i for i in range(r, len(mat)) if (mat[i][c] % modulus if modulus else mat[i][c])), None
+        )
         if pr is None:
             continue
         mat[r], mat[pr] = mat[pr], mat[r]
@@ -71,7 +75,10 @@ def _rref_nullspace(cols, rows, modulus: int | None):
         for i in range(len(mat)):
             if i != r and (mat[i][c] % modulus if modulus else mat[i][c]):
                 f = mat[i][c]
-                mat[i] = [(x - f * y) % modulus if modulus else x - f * y for x, y in zip(mat[i], mat[r], strict=True)]
+                mat[i] = [
+                    (x - f * y) % modulus if modulus else x - f * y
+                    for x, y in zip(mat[i], mat[r], strict=True)
+                ]
         pivots.append(c)
         r += 1
     free = [c for c in range(len(cols)) if c not in pivots]
@@ -131,7 +138,10 @@ def row_basis(vectors: list[dict], modulus: int | None = None) -> list[dict]:
         mat.append(row)
     out, r = [], 0
     for c in range(len(keys)):
-        pr = next((i for i in range(r, len(mat)) if (int(mat[i][c]) % modulus if modulus else mat[i][c])), None)
+        pr = next(
+            (i for i in range(r, len(mat)) if (int(mat[i][c]) % modulus if modulus else mat[i][c])),
+            None,
+        )
         if pr is None:
             continue
         mat[r], mat[pr] = mat[pr], mat[r]
@@ -140,7 +150,10 @@ def row_basis(vectors: list[dict], modulus: int | None = None) -> list[dict]:
         for i in range(len(mat)):
             if i != r and (int(mat[i][c]) % modulus if modulus else mat[i][c]):
                 f = mat[i][c]
-                mat[i] = [Fraction(int(x - f * y) % modulus) if modulus else x - f * y for x, y in zip(mat[i], mat[r], strict=True)]
+                mat[i] = [
+                    Fraction(int(x - f * y) % modulus) if modulus else x - f * y
+                    for x, y in zip(mat[i], mat[r], strict=True)
+                ]
         r += 1
     for row in mat[:r]:
         vec = {keys[i]: x for i, x in enumerate(row) if x}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from wsym.detect.context import Context, Dep
 from wsym.detect.nullspace import nullspace, row_basis
@@ -77,7 +77,10 @@ class Structure:
             return Leaf(cls=r, size=self.atoms.size[r], parity=parity, var=var)
         return Split(
             split[0],
-            tuple(self._tree(c, (key[0], (*key[1], i)), parity, var_ids) for i, c in enumerate(split[1])),
+            tuple(
+                self._tree(c, (key[0], (*key[1], i)), parity, var_ids)
+                for i, c in enumerate(split[1])
+            ),
         )
 
 
@@ -162,12 +165,46 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     for cls, info in sorted(st.info.items()):
         if info.blocked or not info.params or info.size <= 1:
             continue
-        groups.extend(_class_groups(ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys))
+        groups.extend(
+            _class_groups(
+                ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys
+            )
+        )
     # a diagonal scale or sign along a head axis is a scalar inside that head's GL block
     gl_index = {c for g in groups if g.kind == "gl" for c in g.index}
     groups = [g for g in groups if not (g.kind in ("scaling", "sign") and g.cls in gl_index)]
     groups.extend(_translations(ctx, st, traced, state_keys, layouts))
+    groups, layouts = _renumber(groups, layouts)
     return SymmetrySpec(groups=tuple(groups), layouts=tuple(layouts), warnings=tuple(ctx.warnings))
+
+
+def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list]:
+    """Number classes 0, 1, ... in state-dict order; order groups by the first parameter they touch."""
+    ids: dict[int, int] = {}
+    for _, dims in layouts:
+        for t in dims:
+            for leaf in _leaves(t):
+                ids.setdefault(leaf.cls, len(ids))
+
+    def tree(t):
+        if isinstance(t, Leaf):
+            return replace(t, cls=ids[t.cls])
+        return Split(t.mode, tuple(tree(c) for c in t.children))
+
+    new_layouts = [(p, tuple(tree(t) for t in dims)) for p, dims in layouts]
+    order = {p: i for i, (p, _) in enumerate(layouts)}
+    new_groups = []
+    for g in groups:
+        g = replace(g, params=tuple(sorted(g.params, key=order.__getitem__)))
+        if g.kind == "translation":
+            key, sig, mode = g.target
+            sig = tuple(sorted((ids[c], p) for c, p in sig if c in ids))
+            new_groups.append(replace(g, target=(key, sig, mode)))
+        else:
+            new_groups.append(replace(g, cls=ids[g.cls], index=tuple(ids[c] for c in g.index)))
+    kinds = ("gl", "orthogonal", "permutation", "scaling", "norm_scaling", "sign", "translation")
+    new_groups.sort(key=lambda g: (order[g.params[0]], g.cls, kinds.index(g.kind)))
+    return new_groups, new_layouts
 
 
 def _relation_rows(ctx: Context, st: Structure) -> dict:
@@ -188,7 +225,9 @@ def _relation_rows(ctx: Context, st: Structure) -> dict:
     return rows
 
 
-def _class_groups(ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys) -> list[Group]:
+def _class_groups(
+    ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys
+) -> list[Group]:
     params = tuple(sorted(info.params))
     if "gl" not in info.breaks and not info.conflict:
         index = _index_classes(ctx, st, cls, tensors)
@@ -210,7 +249,9 @@ def _class_groups(ctx, st, cls, info, tensors, rows, param_vars, var_ids, layout
         basis = nullspace(variables, class_rows, modulus)
         projected = [{k: x for k, x in v.items() if k in own} for v in basis]
         for vec in row_basis([v for v in projected if v], modulus):
-            groups.append(_diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys))
+            groups.append(
+                _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys)
+            )
     return groups
 
 
@@ -227,7 +268,15 @@ def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -
             corrections.append((state_keys[w], state_keys[rv], float(eps), u2 // 2))
     kind = "norm_scaling" if corrections else "scaling"
     params = tuple(sorted(set(params) | {c[0] for c in corrections}))
-    return Group(kind, info.size, 1, params, cls=cls, exponents=tuple(exps.items()), corrections=tuple(corrections))
+    return Group(
+        kind,
+        info.size,
+        1,
+        params,
+        cls=cls,
+        exponents=tuple(exps.items()),
+        corrections=tuple(corrections),
+    )
 
 
 def _leaves(t):
@@ -238,7 +287,8 @@ def _leaves(t):
 
 def _index_classes(ctx, st, cls, tensors) -> tuple[int, ...]:
     """Classes present exactly once beside ``cls`` in every tensor that holds it,
-    and never contracted or reduced without it: a transform may vary along them."""
+    and never contracted or reduced without it: a transform may vary along them.
+    """
     common = None
     for classes in tensors:
         if cls not in classes:

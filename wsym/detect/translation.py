@@ -19,13 +19,36 @@ from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
 from wsym.spec import Group, Leaf
 
 PASS_THROUGH = {
-    "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose", "aten::permute",
-    "aten::unflatten", "aten::flatten", "aten::unsqueeze", "aten::squeeze", "aten::contiguous",
-    "aten::clone", "aten::_to_copy", "aten::alias", "aten::unbind", "aten::select",
-    "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::slice", "aten::narrow",
-    "_operator::getitem", "aten::dropout",
+    "aten::view",
+    "aten::reshape",
+    "aten::_unsafe_view",
+    "aten::transpose",
+    "aten::permute",
+    "aten::unflatten",
+    "aten::flatten",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::contiguous",
+    "aten::clone",
+    "aten::_to_copy",
+    "aten::alias",
+    "aten::unbind",
+    "aten::select",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::chunk",
+    "aten::slice",
+    "aten::narrow",
+    "_operator::getitem",
+    "aten::dropout",
 }
-AXIS_PRESERVING = {"aten::contiguous", "aten::clone", "aten::_to_copy", "aten::alias", "aten::dropout"}
+AXIS_PRESERVING = {
+    "aten::contiguous",
+    "aten::clone",
+    "aten::_to_copy",
+    "aten::alias",
+    "aten::dropout",
+}
 
 
 SEGMENT_OPS = {"_operator::getitem", "aten::select", "aten::slice", "aten::narrow"}
@@ -93,9 +116,13 @@ def translation_groups(ctx, st, traced, state_keys, layouts) -> list[Group]:
             for a in ctx._atoms_of(dim):
                 signature.update((r, p) for _, r, p in st.leaves(a))
         key = state_keys[bias.name]
-        target = [leaf for leaf in _bias_leaves(layouts, key) if (leaf.cls, leaf.parity) in signature]
+        target = [
+            leaf for leaf in _bias_leaves(layouts, key) if (leaf.cls, leaf.parity) in signature
+        ]
         if target:
-            group = Group("translation", 0, 1, (key,), target=(key, tuple(sorted(signature)), "full"))
+            group = Group(
+                "translation", 0, 1, (key,), target=(key, tuple(sorted(signature)), "full")
+            )
             size = translation_size(group, dict(layouts)[key])
             groups.append(replace(group, size=size))
     for node, dim in ctx.softmaxes:

@@ -23,7 +23,9 @@ def to_networkx(traced: Traced) -> nx.DiGraph:
         shp = "x".join(str(int(s)) for s in val.shape) if hasattr(val, "shape") else ""
         if node.op == "placeholder":
             if node.name in traced.parameters:
-                g.add_node(node.name, kind="parameter", param=traced.parameters[node.name], shape=shp)
+                g.add_node(
+                    node.name, kind="parameter", param=traced.parameters[node.name], shape=shp
+                )
             elif node.name in traced.buffers:
                 g.add_node(node.name, kind="buffer", param=traced.buffers[node.name], shape=shp)
             else:

@@ -1,37 +1,21 @@
 """Trace a module into an ATen graph and describe it as a networkx DiGraph.
 
-``torch.export`` (non-strict) is tried first; its graph is functionalized with
-``run_decompositions({})`` so that in-place writes become data flow. Models that
-export cannot capture fall back to ``torch.fx.symbolic_trace`` is *not* done: an
-fx graph of module calls carries no shapes, so detection would have to guess;
-wsym reports the export error instead (see :func:`trace`).
+``torch.export`` (non-strict) captures an ATen graph whose nodes carry shapes;
+``run_decompositions({})`` functionalizes it so that in-place writes become data
+flow. Where export fails (data-dependent control flow, say), the fallback records
+the ATen calls of one forward pass (:mod:`wsym.graph.record`). Shapes must be static for the example inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import warnings
 
 import torch
 
 from wsym.errors import WsymInputError
-
-
-@dataclass(frozen=True)
-class Traced:
-    """A functional ATen graph of a module with its parameter bookkeeping.
-
-    Attributes:
-        graph: the ``torch.fx.Graph`` (nodes carry ``meta['val']`` fake tensors).
-        parameters: placeholder name -> state-dict key, for parameters.
-        buffers: placeholder name -> state-dict key, for buffers.
-        inputs: placeholder names of the user inputs.
-    """
-
-    graph: torch.fx.Graph
-    parameters: dict[str, str]
-    buffers: dict[str, str]
-    inputs: tuple[str, ...]
+from wsym.graph.record import record
+from wsym.graph.trace_types import Traced
 
 
 def split_inputs(example_inputs) -> tuple[tuple, dict]:
@@ -60,6 +44,17 @@ def eval_mode(model: torch.nn.Module):
             m.train(flag)
 
 
+def _require_static_shapes(graph: torch.fx.Graph) -> None:
+    for node in graph.nodes:
+        vals = node.meta.get("val")
+        for v in vals if isinstance(vals, list | tuple) else [vals]:
+            if hasattr(v, "shape") and not all(isinstance(s, int) for s in v.shape):
+                raise WsymInputError(
+                    f"operation {node.target} has a data-dependent output shape; wsym needs static "
+                    "shapes: replace boolean-mask indexing or nonzero() with a fixed-shape op (torch.where)"
+                )
+
+
 def trace(model: torch.nn.Module, example_inputs) -> Traced:
     """Export ``model`` (in eval mode) on ``example_inputs``.
 
@@ -80,12 +75,23 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
         try:
             ep = torch.export.export(model, args, kwargs, strict=False)
             ep = ep.run_decompositions({})
-        except Exception as err:  # noqa: BLE001
-            msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise WsymInputError(
-                f"torch.export cannot trace this model ({type(err).__name__}: {msg}); "
-                "remove data-dependent control flow from forward or pass simpler inputs"
-            ) from err
+        except Exception as export_error:  # noqa: BLE001
+            try:
+                traced = record(model, args, kwargs)
+            except Exception:  # noqa: BLE001
+                msg = str(export_error).strip().splitlines()[0] if str(export_error).strip() else ""
+                raise WsymInputError(
+                    f"neither torch.export nor torch.fx can trace this model "
+                    f"({type(export_error).__name__}: {msg}); remove data-dependent control flow from forward"
+                ) from export_error
+            warnings.warn(
+                f"torch.export failed ({type(export_error).__name__}); traced with torch.fx "
+                "(recorded ATen calls) instead: control flow is specialized to the example inputs",
+                stacklevel=3,
+            )
+            _require_static_shapes(traced.graph)
+            return traced
+    _require_static_shapes(ep.graph)
     sig = ep.graph_signature
     return Traced(
         graph=ep.graph,

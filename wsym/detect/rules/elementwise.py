@@ -97,7 +97,7 @@ def mul(ctx: Context, node) -> None:
 
 
 def softmax(ctx: Context, node) -> None:
-    """softmax / log_softmax: elementwise-generic on every axis, translation along its own."""
+    """Softmax / log_softmax: elementwise-generic on every axis, translation along its own."""
     generic(ctx, node)
     ctx.softmaxes.append((node, arg(node, 1, "dim", -1)))
 
@@ -105,10 +105,40 @@ def softmax(ctx: Context, node) -> None:
 HOMOGENEOUS = ["relu", "leaky_relu", "relu6_", "hardtanh_"]
 ODD = ["tanh", "sin", "asinh", "atan", "sinh", "erf", "tan", "hardtanh"]
 GENERIC = [
-    "gelu", "silu", "sigmoid", "exp", "log", "softplus", "elu", "selu", "celu", "mish",
-    "hardswish", "hardsigmoid", "cos", "sqrt", "rsqrt", "pow", "abs", "sign", "relu6",
-    "reciprocal", "square", "logsigmoid", "glu", "clamp", "clamp_min", "clamp_max",
-    "gelu_tanh", "log1p", "expm1", "cosh", "square", "floor", "ceil", "round",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "exp",
+    "log",
+    "softplus",
+    "elu",
+    "selu",
+    "celu",
+    "mish",
+    "hardswish",
+    "hardsigmoid",
+    "cos",
+    "sqrt",
+    "rsqrt",
+    "pow",
+    "abs",
+    "sign",
+    "relu6",
+    "reciprocal",
+    "square",
+    "logsigmoid",
+    "glu",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "gelu_tanh",
+    "log1p",
+    "expm1",
+    "cosh",
+    "square",
+    "floor",
+    "ceil",
+    "round",
 ]
 LINEAR = ["neg"]
 

@@ -25,7 +25,7 @@ def _affine_leading(ctx: Context, dims) -> None:
 
 
 def linear(ctx: Context, node) -> None:
-    """y = x W^T + b."""
+    """Y = x W^T + b."""
     x, w, b = node.args[0], node.args[1], arg(node, 2, "bias")
     lx, lw = ctx.layouts[x.name], ctx.layouts[w.name]
     out = ctx.like(lx[:-1]) + ctx.fresh(shape(node)[-1:])
@@ -91,7 +91,7 @@ def einsum(ctx: Context, node) -> None:
 
 
 def matmul(ctx: Context, node) -> None:
-    """matmul / mm / bmm with numpy broadcasting of batch axes."""
+    """Matmul / mm / bmm with numpy broadcasting of batch axes."""
     a, b = node.args[0], node.args[1]
     na, nb = len(shape(a)), len(shape(b))
     nbat = len(shape(node)) - (na >= 2) - (nb >= 2)
@@ -132,7 +132,15 @@ def tensordot(ctx: Context, node) -> None:
 def conv(ctx: Context, node) -> None:
     """conv1d/2d/3d: channels are contracted; spatial and kernel axes are blocked."""
     x, w, b = node.args[0], node.args[1], arg(node, 2, "bias")
-    groups = arg(node, 6, "groups", 1)
+    general = node.target._schema.name == "aten::convolution"
+    groups = arg(node, 8, "groups", 1) if general else arg(node, 6, "groups", 1)
+    if general and arg(node, 6, "transposed", False):
+        reason = "transposed convolution not supported yet"
+        ctx.warn(f"{node.name}: {reason}")
+        ctx.block(ctx.layouts[x.name], reason)
+        ctx.block(ctx.layouts[w.name], reason)
+        ctx.layouts[node.name] = ctx.fresh(shape(node), reason)
+        return
     lx, lw = ctx.layouts[x.name], ctx.layouts[w.name]
     out_shape = shape(node)
     out = ctx.fresh(out_shape)
@@ -244,6 +252,7 @@ RULES = {
     "aten::conv1d": conv,
     "aten::conv2d": conv,
     "aten::conv3d": conv,
+    "aten::convolution": conv,
     "aten::embedding": embedding,
     "aten::scaled_dot_product_attention": sdpa,
 }

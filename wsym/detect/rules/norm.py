@@ -26,7 +26,10 @@ def _outputs(ctx: Context, node, out) -> None:
 
 
 def batch_norm(ctx: Context, node, training: bool, eps: float) -> None:
-    x, w, b, rm, rv = (arg(node, i, n) for i, n in enumerate(("input", "weight", "bias", "running_mean", "running_var")))
+    x, w, b, rm, rv = (
+        arg(node, i, n)
+        for i, n in enumerate(("input", "weight", "bias", "running_mean", "running_var"))
+    )
     lx = ctx.layouts[x.name]
     out = ctx.like(lx)
     for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
@@ -63,7 +66,9 @@ def batch_norm_eval(ctx: Context, node) -> None:
 
 def batch_norm_generic(ctx: Context, node) -> None:
     """batch_norm / native_batch_norm / _native_batch_norm_legit(x, w, b, rm, rv, training, momentum, eps)."""
-    batch_norm(ctx, node, training=bool(arg(node, 5, "training")), eps=float(arg(node, 7, "eps", 1e-5)))
+    batch_norm(
+        ctx, node, training=bool(arg(node, 5, "training")), eps=float(arg(node, 7, "eps", 1e-5))
+    )
 
 
 def layer_norm(ctx: Context, node) -> None:
@@ -125,7 +130,9 @@ def group_norm(ctx: Context, node) -> None:
     split = [ctx.new(groups), ctx.new(c // groups)]
     split = [[a] if ctx.atoms.size[a] > 1 else [] for a in split]
     for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
-        ctx.couple(do, dx, scale="zero" if i else "eq", sign="zero" if i else "eq", breaks=NONLINEAR)
+        ctx.couple(
+            do, dx, scale="zero" if i else "eq", sign="zero" if i else "eq", breaks=NONLINEAR
+        )
     ctx.couple(lx[1], split[0] + split[1], scale=None, sign=None)
     ctx.relate("scale", [lx[1]], (1,))
     ctx.relate("sign", [lx[1]], (1,))

@@ -34,7 +34,9 @@ def _reduce(linear: bool):
                 ctx.mark(dx, *NONLINEAR)
             j += 1
         val = node.meta["val"]
-        ctx.layouts[node.name] = [out, ctx.fresh(out_shape, "argmax indices")] if isinstance(val, tuple | list) else out
+        ctx.layouts[node.name] = (
+            [out, ctx.fresh(out_shape, "argmax indices")] if isinstance(val, tuple | list) else out
+        )
 
     return rule
 

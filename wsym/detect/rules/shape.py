@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from math import prod
-
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context, Dep
 from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
@@ -74,7 +72,9 @@ def reshape_layout(ctx: Context, node, layout, in_shape, out_shape):
                 size = ctx.atoms.size[a]
                 if have * size > need:
                     part = need // have
-                    flat[:0] = ctx._split_prod(a, [part, size // part], (need % have) or size % part)
+                    flat[:0] = ctx._split_prod(
+                        a, [part, size // part], (need % have) or size % part
+                    )
                     continue
                 taken.append(a)
                 have *= size
@@ -121,7 +121,7 @@ def _dependent(ctx: Context, node, atom, gj, k, out_shape, out) -> int:
 
 
 def view(ctx: Context, node) -> None:
-    """view / reshape / flatten / unflatten / squeeze / unsqueeze."""
+    """View / reshape / flatten / unflatten / squeeze / unsqueeze."""
     src = node.args[0]
     try:
         ctx.layouts[node.name] = reshape_layout(
@@ -167,7 +167,10 @@ def _take(ctx: Context, layout, dim: int, start: int, stop: int, keep: bool):
     if len(d) == 1 and not isinstance(d[0], Dep):
         key = ctx.atoms.root(d[0])
         deps = [
-            (i, f) for i, dd in enumerate(lay) for f in dd if isinstance(f, Dep) and ctx.atoms.root(f.key) == key
+            (i, f)
+            for i, dd in enumerate(lay)
+            for f in dd
+            if isinstance(f, Dep) and ctx.atoms.root(f.key) == key
         ]
         if deps and stop - start == 1:
             for i, f in deps:
@@ -198,7 +201,9 @@ def _slicing(fn):
             val = node.meta["val"]
             shapes = [tuple(v.shape) for v in val] if isinstance(val, list | tuple) else None
             ctx.layouts[node.name] = (
-                [ctx.fresh(s, "slice") for s in shapes] if shapes else ctx.fresh(shape(node), "slice")
+                [ctx.fresh(s, "slice") for s in shapes]
+                if shapes
+                else ctx.fresh(shape(node), "slice")
             )
 
     return rule
@@ -238,7 +243,7 @@ def narrow(ctx, node, lay, in_shape):
 
 @_slicing
 def split(ctx, node, lay, in_shape):
-    """split / split_with_sizes / chunk."""
+    """Split / split_with_sizes / chunk."""
     dim = norm_dim(arg(node, 2, "dim", 0), len(in_shape))
     sizes = [tuple(v.shape)[dim] for v in node.meta["val"]]
     outs, start = [], 0
@@ -323,7 +328,11 @@ def slice_scatter(ctx: Context, node) -> None:
     try:
         before = ctx.segment(base_lay[dim], 0, start)
         after = ctx.segment(base_lay[dim], end, n)
-        pieces = [p for p, size in ((before, start), (src_lay[dim], end - start), (after, n - end)) if size]
+        pieces = [
+            p
+            for p, size in ((before, start), (src_lay[dim], end - start), (after, n - end))
+            if size
+        ]
         out[dim] = [ctx.concat(pieces)]
     except SplitConflict as err:
         ctx.block_dim(src_lay[dim], f"slice_scatter: {err}")
@@ -332,13 +341,39 @@ def slice_scatter(ctx: Context, node) -> None:
 
 
 IDENTITY = [
-    "clone", "contiguous", "alias", "detach", "lift_fresh_copy", "_to_copy", "to",
-    "type_as", "_assert_tensor_metadata", "positive",
+    "clone",
+    "contiguous",
+    "alias",
+    "detach",
+    "lift_fresh_copy",
+    "_to_copy",
+    "to",
+    "type_as",
+    "_assert_tensor_metadata",
+    "positive",
 ]
 CONSTANTS = [
-    "zeros", "ones", "full", "arange", "empty", "new_zeros", "new_ones", "new_full",
-    "new_empty", "zeros_like", "ones_like", "full_like", "empty_like", "scalar_tensor",
-    "rand", "randn", "rand_like", "randn_like", "tril", "triu", "eye",
+    "zeros",
+    "ones",
+    "full",
+    "arange",
+    "empty",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "new_empty",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "empty_like",
+    "scalar_tensor",
+    "rand",
+    "randn",
+    "rand_like",
+    "randn_like",
+    "tril",
+    "triu",
+    "eye",
 ]
 VIEWS = ["view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze"]
 

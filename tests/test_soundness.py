@@ -1,0 +1,114 @@
+"""A symmetry that does not hold must never be reported, nor survive verification."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import wsym
+from wsym.errors import SymmetryWarning
+from wsym.reference import MLP
+from wsym.spec import Group, SymmetrySpec, leaves
+from wsym.verify import Probe, deviation
+
+
+def test_wrong_scaling_claim_is_caught_by_verify():
+    torch.manual_seed(0)
+    relu, gelu = MLP(6, [5], 3, "relu"), MLP(6, [5], 3, "gelu")
+    gelu.load_state_dict(relu.state_dict())
+    spec = wsym.detect(relu, torch.randn(4, 6))
+    report = spec.verify(gelu, torch.randn(4, 6))
+    scaling = [i for i, g in enumerate(spec.groups) if g.kind == "scaling"]
+    assert scaling and all(report.deviations[i] > 1e-3 for i in scaling)
+    perm = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
+    assert all(report.deviations[i] < 1e-12 for i in perm)
+
+
+def test_false_group_hidden_behind_tiny_layer_scale_is_caught():
+    """At the model's own weights a 1e-12 layer-scale hides the attention branch; generic weights do not."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, depth=1, init_values=1e-12, img_size=32
+    )
+    x = torch.randn(1, 3, 32, 32)
+    spec = wsym.detect(vit, x)
+    qk = next(g for g in spec.groups if g.kind == "gl")
+    # a false claim: scale query AND key rows by s (the scores change by s**2)
+    qk_vars = sorted(
+        {
+            leaf.var
+            for _, dims in spec.layouts
+            for t in dims
+            for leaf in leaves(t)
+            if leaf.cls == qk.cls
+        }
+    )
+    false = Group(
+        "scaling", qk.size, 1, qk.params, cls=qk.cls, exponents=tuple((v, 1) for v in qk_vars)
+    )
+    fake = SymmetrySpec(groups=(false,), layouts=spec.layouts)
+    probe = Probe(vit, x)
+    assert (
+        deviation(probe, fake, [0], seed=0, state=probe.state) < 1e-9
+    )  # hidden at the actual weights
+    assert fake.verify(vit, x).deviations[0] > 1e-3  # caught at generic weights
+
+
+def test_dead_branch_does_not_create_symmetries():
+    class Dead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.b(h + 0.0 * nn.functional.gelu(h))
+
+    spec = wsym.detect(Dead(), torch.randn(3, 4))
+    assert spec.kinds() == {"permutation": 1}
+
+
+def test_outputs_and_inputs_block_their_axes():
+    mlp = MLP(4, [5], 3)
+    hidden_out = nn.Sequential(*list(mlp)[:2])  # the hidden layer is the output
+    assert wsym.detect(hidden_out, torch.randn(2, 4)).groups == ()
+
+
+def test_unknown_operation_blocks_and_warns():
+    class Sorted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.b(torch.sort(self.a(x), dim=-1).values)
+
+    with pytest.warns(SymmetryWarning, match="sort"):
+        spec = wsym.detect(Sorted(), torch.randn(3, 4))
+    assert spec.groups == ()
+
+
+def test_layer_norm_eps_blocks_input_rescaling():
+    """LayerNorm(s x) != LayerNorm(x) when eps > 0: no scaling of its input is claimed."""
+    model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2))
+    spec = wsym.detect(model, torch.randn(3, 4))
+    for g in spec.groups:
+        if g.kind == "scaling":
+            assert "0.weight" not in g.params
+
+
+def test_batchnorm_training_mode_is_traced_in_eval():
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2)).train()
+    spec = wsym.detect(model, torch.randn(8, 4))
+    assert model.training, "detect must restore the training flag"
+    assert spec.kinds() == {"permutation": 1, "scaling": 1, "norm_scaling": 1, "sign": 1}
+
+
+def test_detect_does_not_modify_the_model():
+    model = MLP(4, [5], 3)
+    before = copy.deepcopy(model.state_dict())
+    wsym.detect(model, torch.randn(2, 4))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])

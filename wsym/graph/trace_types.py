@@ -1,0 +1,24 @@
+"""The traced graph with its parameter bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A functional ATen graph of a module with its parameter bookkeeping.
+
+    Attributes:
+        graph: the ``torch.fx.Graph`` (nodes carry ``meta['val']`` fake tensors).
+        parameters: placeholder name -> state-dict key, for parameters.
+        buffers: placeholder name -> state-dict key, for buffers.
+        inputs: placeholder names of the user inputs.
+    """
+
+    graph: torch.fx.Graph
+    parameters: dict[str, str]
+    buffers: dict[str, str]
+    inputs: tuple[str, ...]
