@@ -26,7 +26,7 @@ def test_wrong_scaling_claim_is_caught_by_verify():
 
 
 def test_false_group_hidden_behind_tiny_layer_scale_is_caught():
-    """At the model's own weights a 1e-12 layer-scale hides the attention branch; generic weights do not."""
+    """A 1e-12 layer-scale hides the attention branch at the model's weights, not at generic."""
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
     vit = timm.create_model(

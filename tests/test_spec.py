@@ -33,7 +33,7 @@ def test_both_directions_of_the_map_agree(spec_and_model):
         for param, dim in spec.axes_of(g):
             if g.kind != "translation":
                 assert i in spec.groups_of(param)[dim]
-    for param, dims in spec.layouts:
+    for param, _ in spec.layouts:
         for d, groups in enumerate(spec.groups_of(param)):
             for i in groups:
                 assert (param, d) in spec.axes_of(spec.groups[i])

@@ -60,6 +60,7 @@ class ResidualCNN(nn.Module):
         self.head = nn.Linear(channels, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for images ``(B, C, H, W)``."""
         h = self.stem(x)
         r = torch.relu(self.bn1(self.conv1(h)))
         h = torch.relu(h + self.bn2(self.conv2(r)))
@@ -76,6 +77,7 @@ class Attention(nn.Module):
         self.out = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Self-attention over ``x`` of shape ``(B, T, dim)``."""
         b, t, _ = x.shape
 
         def split(z):
@@ -97,6 +99,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One pre-norm block."""
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -132,6 +135,7 @@ class TinyTransformer(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for token ids ``(B, T)`` or patches ``(B, T, patch)``."""
         h = self.embed(x) + self.pos[: x.shape[1]]
         for block in self.blocks:
             h = block(h)

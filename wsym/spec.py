@@ -48,6 +48,7 @@ class Split:
 
     @property
     def size(self) -> int:
+        """Number of entries along this axis."""
         sizes = [c.size for c in self.children]
         if self.mode == "cat":
             return sum(sizes)

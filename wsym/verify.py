@@ -36,6 +36,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Whether every group and the product verified."""
         return not self.failed and self.joint <= self.tolerance
 
 
@@ -54,6 +55,7 @@ class Probe:
             self.generic[alias] = self.generic[key]
 
     def __call__(self, state: dict) -> torch.Tensor:
+        """Flattened float64 outputs at ``state``."""
         with torch.no_grad(), eval_mode(self.model):
             out = functional_call(
                 self.model, state, self.args, self.kwargs, tie_weights=False, strict=False

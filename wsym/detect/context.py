@@ -52,6 +52,7 @@ class Context:
 
     # -- atoms and layouts -------------------------------------------------
     def new(self, size: int, owner: tuple | None = None, split=None) -> int:
+        """A new atom; ``owner`` is ``(atom, i)`` when it is the i-th sub-axis of ``atom``."""
         a = self.atoms.new(size, split)
         if owner is not None:
             self.owner[a] = owner
@@ -79,6 +80,7 @@ class Context:
         return out
 
     def dim_size(self, dim: Dim) -> int:
+        """Number of entries along ``dim``."""
         return prod(self._factor_size(f) for f in dim)
 
     def _factor_size(self, f) -> int:
@@ -87,10 +89,12 @@ class Context:
         return self.atoms.size[f]
 
     def block(self, layout: Layout, reason: str) -> None:
+        """Forbid any action on every atom of ``layout``."""
         for dim in layout:
             self.block_dim(dim, reason)
 
     def block_dim(self, dim: Dim, reason: str) -> None:
+        """Forbid any action on the atoms of one dimension."""
         for f in dim:
             if isinstance(f, Dep):
                 for part in f.parts:
@@ -101,6 +105,7 @@ class Context:
                 self.atoms.block(f, reason)
 
     def mark(self, dim: Dim, *kinds: str) -> None:
+        """Record that the continuous ``kinds`` cannot act on the classes of ``dim``."""
         for a in self._atoms_of(dim):
             self.atoms.mark(a, *kinds)
 
@@ -114,6 +119,7 @@ class Context:
         return out
 
     def warn(self, message: str) -> None:
+        """Record a warning once."""
         if message not in self.warnings:
             self.warnings.append(message)
 
@@ -251,7 +257,8 @@ class Context:
         if split is None:
             bounds = sorted({0, max(0, start), min(size, stop), size})
             children = [
-                self.new(b - a, owner=(atom, i)) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))
+                self.new(b - a, owner=(atom, i))
+                for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
             ]
             self.atoms.set_split(atom, "cat", children)
             split = ("cat", children)

@@ -179,7 +179,7 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
 
 
 def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list]:
-    """Number classes 0, 1, ... in state-dict order; order groups by the first parameter they touch."""
+    """Number classes 0, 1, ... in state-dict order; order groups by their first parameter."""
     ids: dict[int, int] = {}
     for _, dims in layouts:
         for t in dims:
@@ -286,8 +286,10 @@ def _leaves(t):
 
 
 def _index_classes(ctx, st, cls, tensors) -> tuple[int, ...]:
-    """Classes present exactly once beside ``cls`` in every tensor that holds it,
-    and never contracted or reduced without it: a transform may vary along them.
+    """Index classes of a GL/orthogonal class ``cls``: a transform may vary along them.
+
+    They are present exactly once beside ``cls`` in every block that holds it,
+    and never contracted or reduced without it (heads for per-head GL).
     """
     common = None
     for classes in tensors:

@@ -3,7 +3,8 @@
 ``torch.export`` (non-strict) captures an ATen graph whose nodes carry shapes;
 ``run_decompositions({})`` functionalizes it so that in-place writes become data
 flow. Where export fails (data-dependent control flow, say), the fallback records
-the ATen calls of one forward pass (:mod:`wsym.graph.record`). Shapes must be static for the example inputs.
+the ATen calls of one forward pass (:mod:`wsym.graph.record`). Shapes must be
+static for the example inputs.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _require_static_shapes(graph: torch.fx.Graph) -> None:
             if hasattr(v, "shape") and not all(isinstance(s, int) for s in v.shape):
                 raise WsymInputError(
                     f"operation {node.target} has a data-dependent output shape; wsym needs static "
-                    "shapes: replace boolean-mask indexing or nonzero() with a fixed-shape op (torch.where)"
+                    "shapes: replace boolean-mask indexing or nonzero() with a fixed-shape op "
+                    "(torch.where)"
                 )
 
 
@@ -82,7 +84,8 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
                 msg = str(export_error).strip().splitlines()[0] if str(export_error).strip() else ""
                 raise WsymInputError(
                     f"neither torch.export nor torch.fx can trace this model "
-                    f"({type(export_error).__name__}: {msg}); remove data-dependent control flow from forward"
+                    f"({type(export_error).__name__}: {msg}); "
+                    "remove data-dependent control flow from forward"
                 ) from export_error
             warnings.warn(
                 f"torch.export failed ({type(export_error).__name__}); traced with torch.fx "

@@ -65,7 +65,10 @@ def batch_norm_eval(ctx: Context, node) -> None:
 
 
 def batch_norm_generic(ctx: Context, node) -> None:
-    """batch_norm / native_batch_norm / _native_batch_norm_legit(x, w, b, rm, rv, training, momentum, eps)."""
+    """batch_norm, native_batch_norm, _native_batch_norm_legit.
+
+    Arguments: (x, w, b, running_mean, running_var, training, momentum, eps).
+    """
     batch_norm(
         ctx, node, training=bool(arg(node, 5, "training")), eps=float(arg(node, 7, "eps", 1e-5))
     )
