@@ -84,6 +84,32 @@ class GQA(nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, t, -1))
 
 
+class Radial(nn.Module):
+    """A radial activation h * sigmoid(|h|) commutes with rotations of h."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h * torch.sigmoid(h.norm(dim=-1, keepdim=True)))
+
+
+class RMSResidual(nn.Module):
+    """A residual stream read only through weightless RMSNorm: orthogonal."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.f, self.out = nn.Linear(3, 6), nn.Linear(6, 6), nn.Linear(6, 2)
+        self.norm = nn.RMSNorm(6, elementwise_affine=False)
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = h + self.f(self.norm(h))
+        return self.out(self.norm(h))
+
+
 def _resnet18():
     import torchvision
 
@@ -171,6 +197,8 @@ CASES = [
         lambda: torch.randint(0, 11, (2, 6)),
         {"gl": 4, "permutation": 5, "scaling": 7, "sign": 5, "translation": 2},
     ),
+    Case("radial", Radial, lambda: torch.randn(3, 4), {"orthogonal": 1}),
+    Case("rmsnorm-residual", RMSResidual, lambda: torch.randn(3, 3), {"orthogonal": 1}),
     Case(
         "mha",
         SelfAttention,

@@ -30,6 +30,35 @@ odd = _unary("zero", "eq")  # tanh(-x) = -tanh(x)
 generic = _unary("zero", "zero")  # gelu, sigmoid, exp, softmax, ...
 
 
+def is_square(node) -> bool:
+    """``x ** 2`` or ``x * x``."""
+    name = getattr(getattr(node, "target", None), "_schema", None)
+    name = name.name if name is not None else ""
+    if name == "aten::pow" and not is_tensor(node.args[1]) and node.args[1] == 2:
+        return True
+    return name == "aten::mul" and len(node.args) > 1 and node.args[0] is node.args[1]
+
+
+def square(ctx: Context, node) -> None:
+    """x ** 2: orthogonal maps survive if every reader sums it over the transformed axes."""
+    from wsym.detect.rules.reduce import REDUCTIONS
+
+    if not all(
+        u.target._schema.name in REDUCTIONS for u in node.users if hasattr(u.target, "_schema")
+    ):
+        generic(ctx, node)
+        return
+    x = node.args[0]
+    out = ctx.like(ctx.layouts[x.name])
+    for do, dx in zip(out, ctx.layouts[x.name], strict=True):
+        ctx.couple(do, dx, scale="zero", sign="zero", breaks=("gl",))
+    ctx.layouts[node.name] = out
+
+
+def pow_(ctx: Context, node) -> None:
+    (square if is_square(node) else generic)(ctx, node)
+
+
 def scalar_linear(ctx: Context, node) -> None:
     """neg, and arithmetic with a Python number: linear along every axis."""
     ctx.layouts[node.name] = broadcast(ctx, node, node.args)
@@ -71,6 +100,9 @@ def mul(ctx: Context, node) -> None:
     x, y = node.args[0], node.args[1]
     if not (is_tensor(x) and is_tensor(y)):
         ctx.layouts[node.name] = broadcast(ctx, node, node.args[:2])
+        return
+    if is_square(node):
+        square(ctx, node)
         return
     out_shape = shape(node)
     sign_y = -1 if node.target.__name__.startswith("div") else 1
@@ -148,6 +180,7 @@ RULES.update({f"aten::{n}": generic for n in GENERIC})
 RULES.update({f"aten::{n}": scalar_linear for n in LINEAR})
 RULES.update(
     {
+        "aten::pow": pow_,
         "aten::add": add,
         "aten::sub": add,
         "aten::rsub": add,

@@ -6,24 +6,27 @@ import re
 
 from wsym.detect.context import Context
 from wsym.detect.rules.common import arg, norm_dim, shape
-from wsym.detect.rules.elementwise import NONLINEAR
+from wsym.detect.rules.elementwise import NONLINEAR, is_square
 
 
-def _reduce(linear: bool):
-    def rule(ctx: Context, node) -> None:
+def _reduce(linear: bool, invariant: str = ""):
+    """Reductions over ``dim``; ``invariant`` names the continuous group it is invariant to."""
+
+    def rule(ctx: Context, node, dim_at: int = 1) -> None:
         x = node.args[0]
         lx, in_shape = ctx.layouts[x.name], shape(x)
-        dims = arg(node, 1, "dim", None)
+        dims = arg(node, dim_at, "dim", None)
         if dims is None or dims == []:
             dims = list(range(len(in_shape)))
         dims = {norm_dim(d, len(in_shape)) for d in ([dims] if isinstance(dims, int) else dims)}
-        keep = arg(node, 2, "keepdim", False)
+        keep = arg(node, dim_at + 1, "keepdim", False)
         out_shape = shape(node)
         out = ctx.fresh(out_shape)
         j = 0
         for i, dx in enumerate(lx):
             if i in dims:
-                ctx.mark(dx, *NONLINEAR)
+                squared = invariant or ("orth" if is_square(x) else "")
+                ctx.mark(dx, *[k for k in NONLINEAR if k != squared])
                 ctx.event([dx], [lx])
                 for system in ("scale", "sign"):
                     ctx.relate(system, [dx], (1,))
@@ -43,6 +46,7 @@ def _reduce(linear: bool):
 
 mean = _reduce(linear=True)  # linear in the kept axes
 amax = _reduce(linear=False)  # max(s x) = s max(x) for s > 0 only
+vector_norm = _reduce(linear=False, invariant="orth")  # |x Q| = |x|
 
 
 def _pool(scale: str, sign: str):
@@ -74,6 +78,15 @@ RULES = {
     "aten::sum": mean,
     "aten::amax": amax,
 }
+REDUCTIONS = set(RULES)
+
+
+def _norm(ctx: Context, node) -> None:
+    """linalg_vector_norm(x, ord, dim, keepdim): the 2-norm is orthogonally invariant."""
+    (vector_norm if arg(node, 1, "ord", 2) == 2 else amax)(ctx, node, dim_at=2)
+
+
+RULES["aten::linalg_vector_norm"] = _norm
 for _d in ("1d", "2d", "3d"):
     RULES[f"aten::max_pool{_d}"] = _pool("eq", "zero")
     RULES[f"aten::max_pool{_d}_with_indices"] = _pool("eq", "zero")
