@@ -21,7 +21,7 @@ demo: venv
 	$(BIN)/wsym demo
 
 test: venv
-	$(BIN)/python -m pytest -q -n 2 tests/
+	$(BIN)/python -m pytest -q -n 2 --doctest-modules tests/ wsym/
 
 lint: venv
 	$(BIN)/ruff check .

@@ -85,6 +85,21 @@ class Group:
     target: tuple = ()
 
     @property
+    def notation(self) -> str:
+        """The group in the usual notation, e.g. ``GL(16)^4`` or ``S_128``."""
+        n, c = self.size, self.count
+        base = {
+            "permutation": f"S_{n}",
+            "scaling": f"(R+)^{n}",
+            "norm_scaling": f"(R+)^{n}",
+            "sign": f"Z2^{n}",
+            "gl": f"GL({n})",
+            "orthogonal": f"O({n})",
+            "translation": f"R^{n}",
+        }[self.kind]
+        return f"{base}^{c}" if c > 1 else base
+
+    @property
     def dimension(self) -> int:
         """Dimension of the group (0 for finite groups)."""
         h = self.size
@@ -192,16 +207,14 @@ class SymmetrySpec:
 
     # -- presentation -----------------------------------------------------
     def table(self) -> str:
-        """A plain-text table: kind, size, count, parameters touched, deviation."""
-        rows = [("kind", "size", "count", "dev", "parameters")]
+        """A plain-text table: kind, group, size, count, verified deviation, parameters touched."""
+        rows = [("kind", "group", "dev", "parameters")]
         for i, g in enumerate(self.groups):
             dev = f"{self.deviations[i]:.1e}" if i < len(self.deviations) else "-"
-            params = ", ".join(g.params[:4]) + (
-                f", ... (+{len(g.params) - 4})" if len(g.params) > 4 else ""
-            )
-            rows.append((g.kind, str(g.size), str(g.count), dev, params))
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+            more = f", ... (+{len(g.params) - 3})" if len(g.params) > 3 else ""
+            rows.append((g.kind, g.notation, dev, ", ".join(g.params[:3]) + more))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
         summary = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds().items()))
         return "\n".join(lines + [f"{len(self.groups)} groups: {summary or 'none'}"])
 
