@@ -110,6 +110,19 @@ class RMSResidual(nn.Module):
         return self.out(self.norm(h))
 
 
+class TiedEmbedding(nn.Module):
+    """Output head tied to the input embedding: both move as one tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.mid = nn.Embedding(11, 8), nn.Linear(8, 8)
+        self.head = nn.Linear(8, 11, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid(self.embed(x))))
+
+
 def _resnet18():
     import torchvision
 
@@ -196,6 +209,12 @@ CASES = [
         lambda: TinyTransformer(vocab=11, seq=6, dim=8, heads=2, depth=2, hidden=12),
         lambda: torch.randint(0, 11, (2, 6)),
         {"gl": 4, "permutation": 5, "scaling": 7, "sign": 5, "translation": 2},
+    ),
+    Case(
+        "tied-embedding",
+        TiedEmbedding,
+        lambda: torch.randint(0, 11, (2, 5)),
+        {"permutation": 1, "scaling": 1},
     ),
     Case("radial", Radial, lambda: torch.randn(3, 4), {"orthogonal": 1}),
     Case("rmsnorm-residual", RMSResidual, lambda: torch.randn(3, 3), {"orthogonal": 1}),

@@ -44,11 +44,18 @@ def detect(
         ['permutation', 'scaling']
     """
     traced = trace(model, example_inputs)
-    ctx = analyze(traced)
     state_keys = {**traced.parameters, **traced.buffers}
+    tied = tied_keys(model)
+    placeholder = {key: ph for ph, key in state_keys.items()}
+    ties = [
+        (placeholder[a], placeholder[k])
+        for a, k in tied.items()
+        if a in placeholder and k in placeholder
+    ]
+    ctx = analyze(traced, ties)
     spec = solve(ctx, traced, state_keys)
     keys = set(state_keys.values())
-    aliases = tuple((a, k) for a, k in tied_keys(model).items() if k in keys and a not in keys)
+    aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:
         warnings.warn(message, SymmetryWarning, stacklevel=2)
     devs: list[float] = []

@@ -44,9 +44,10 @@ def _tensor_layouts(ctx: Context, node) -> list:
     return list(lay) if isinstance(val, list | tuple) else [lay]
 
 
-def run_pass(traced: Traced, indexed_sites=frozenset()) -> Context:
-    """One pass of all rules over the graph."""
+def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
+    """One pass of all rules over the graph; ``ties`` are placeholder pairs sharing storage."""
     ctx = Context(indexed_sites=frozenset(indexed_sites))
+    tied = dict(ties)
     for node in traced.graph.nodes:
         if node.op == "placeholder":
             if node.name in traced.parameters or node.name in traced.buffers:
@@ -56,6 +57,11 @@ def run_pass(traced: Traced, indexed_sites=frozenset()) -> Context:
                 )
             else:
                 ctx.layouts[node.name] = _fresh_like(ctx, node, "model input")
+            if node.name in tied:  # tied weights move together
+                for da, db in zip(
+                    ctx.layouts[node.name], ctx.layouts[tied[node.name]], strict=True
+                ):
+                    ctx.couple(da, db)
         elif node.op == "get_attr":
             ctx.layouts[node.name] = _fresh_like(ctx, node, "constant tensor")
         elif node.op == "call_function":
@@ -113,11 +119,11 @@ def _is_float_op(node) -> bool:
     return all(hasattr(v, "dtype") and v.dtype.is_floating_point for v in vals if v is not None)
 
 
-def analyze(traced: Traced) -> Context:
+def analyze(traced: Traced, ties=()) -> Context:
     """Run passes until no fused axis remains to be separated."""
     sites: set = set()
     for _ in range(MAX_PASSES):
-        ctx = run_pass(traced, sites)
+        ctx = run_pass(traced, sites, ties)
         if ctx.hits <= sites:
             return ctx
         sites |= ctx.hits

@@ -40,7 +40,7 @@ def is_square(node) -> bool:
 
 
 def square(ctx: Context, node) -> None:
-    """x ** 2: orthogonal maps survive if every reader sums it over the transformed axes."""
+    """X ** 2: orthogonal maps survive if every reader sums it over the transformed axes."""
     from wsym.detect.rules.reduce import REDUCTIONS
 
     if not all(
