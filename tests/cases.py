@@ -123,6 +123,18 @@ class TiedEmbedding(nn.Module):
         return self.head(torch.relu(self.mid(self.embed(x))))
 
 
+def _group_norm_net():
+    net = nn.Sequential(
+        nn.Conv2d(2, 6, 3),
+        nn.GroupNorm(3, 6),
+        nn.ReLU(),
+        nn.Conv2d(6, 4, 1),
+        nn.Flatten(),
+        nn.Linear(36, 3),
+    )
+    return net
+
+
 def _resnet18():
     import torchvision
 
@@ -215,6 +227,11 @@ CASES = [
         TiedEmbedding,
         lambda: torch.randint(0, 11, (2, 5)),
         {"permutation": 1, "scaling": 1},
+    ),
+    # whole groups permute (S_3) and channels within a group (S_2); the 1x1 conv and the
+    # linear layer after the flatten form a GL pair
+    Case(
+        "group-norm", _group_norm_net, lambda: torch.randn(2, 2, 5, 5), {"permutation": 2, "gl": 1}
     ),
     Case("radial", Radial, lambda: torch.randn(3, 4), {"orthogonal": 1}),
     Case("rmsnorm-residual", RMSResidual, lambda: torch.randn(3, 3), {"orthogonal": 1}),

@@ -123,3 +123,16 @@ def test_fallback_tracer_sees_convolutions():
 
     spec = solve(analyze(traced), traced, {**traced.parameters, **traced.buffers})
     assert spec.kinds() == {"norm_scaling": 3, "permutation": 2, "scaling": 2, "sign": 3}
+
+
+def test_act_on_a_mismatched_state_dict_is_a_clear_error(spec_and_model):
+    spec, model, _ = spec_and_model
+    g = spec.sample(seed=0)
+    sd = dict(model.state_dict())
+    del sd["blocks.0.attn.q.weight"]
+    with pytest.raises(WsymInputError, match="no entry 'blocks.0.attn.q.weight'"):
+        spec.act(g, sd)
+    sd = dict(model.state_dict())
+    sd["blocks.0.attn.q.weight"] = torch.zeros(3, 3)
+    with pytest.raises(WsymInputError, match="has shape"):
+        spec.act(g, sd)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wsym.errors import WsymInputError
 from wsym.spec import Group, Leaf, Split, SymmetrySpec, leaves
 
 
@@ -199,8 +200,9 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
 
     Entries the spec does not describe are copied unchanged.
     """
-    out = dict(state_dict)
     layout = spec.layout
+    _check_state(spec, g, state_dict, layout)
+    out = dict(state_dict)
     for i, value, inverted in g.parts():
         group = spec.groups[i]
         if group.kind == "translation":
@@ -216,6 +218,23 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
     for alias, key in spec.aliases:
         out[alias] = out[key]
     return out
+
+
+def _check_state(spec: SymmetrySpec, g: GroupElement, state_dict: dict, layout: dict) -> None:
+    """One-line errors for state dicts that do not fit the spec."""
+    for i, _ in g.components:
+        for key in spec.groups[i].params:
+            if key not in state_dict:
+                raise WsymInputError(
+                    f"the state dict has no entry {key!r} that the spec acts on; "
+                    "pass a state dict of the architecture the spec was detected on"
+                )
+            expected = tuple(t.size for t in layout[key])
+            if tuple(state_dict[key].shape) != expected:
+                raise WsymInputError(
+                    f"{key} has shape {tuple(state_dict[key].shape)}, the spec expects {expected}; "
+                    "pass a state dict of the architecture the spec was detected on"
+                )
 
 
 def _bn_factors(group: Group, value, inverted: bool, sd: dict, layout) -> dict:
