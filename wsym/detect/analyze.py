@@ -88,6 +88,8 @@ def _node(traced: Traced, name: str):
 def _apply(ctx: Context, node) -> None:
     name = rule_name(node)
     rule = RULES.get(name)
+    if rule is None and name.endswith("_") and not _writes_into_input(node):
+        rule = RULES.get(name[:-1])  # relu_(x) read as relu(x); see graph.trace
     if rule is None or not _is_float_op(node):
         reason = f"operation {name} is not understood" if rule is None else f"integer op {name}"
         if rule is None and any(
@@ -110,6 +112,11 @@ def _apply(ctx: Context, node) -> None:
             for lay in _tensor_layouts(ctx, src):
                 ctx.block(lay, reason)
         ctx.layouts[node.name] = _fresh_like(ctx, node, reason)
+
+
+def _writes_into_input(node) -> bool:
+    target = node.args[0] if node.args else None
+    return not isinstance(target, torch.fx.Node) or target.op != "call_function"
 
 
 def _is_float_op(node) -> bool:

@@ -45,6 +45,25 @@ def eval_mode(model: torch.nn.Module):
             m.train(flag)
 
 
+def _fallback(model, args, kwargs, export_error) -> Traced:
+    try:
+        traced = record(model, args, kwargs)
+    except Exception:  # noqa: BLE001
+        msg = str(export_error).strip().splitlines()[0] if str(export_error).strip() else ""
+        raise WsymInputError(
+            f"neither torch.export nor torch.fx can trace this model "
+            f"({type(export_error).__name__}: {msg}); "
+            "remove data-dependent control flow from forward"
+        ) from export_error
+    warnings.warn(
+        f"torch.export failed ({type(export_error).__name__}); traced with torch.fx "
+        "(recorded ATen calls) instead: control flow is specialized to the example inputs",
+        stacklevel=4,
+    )
+    _require_static_shapes(traced.graph)
+    return traced
+
+
 def _require_static_shapes(graph: torch.fx.Graph) -> None:
     for node in graph.nodes:
         vals = node.meta.get("val")
@@ -57,43 +76,77 @@ def _require_static_shapes(graph: torch.fx.Graph) -> None:
                 )
 
 
+VIEW_OPS = {
+    "aten::view",
+    "aten::reshape",
+    "aten::_unsafe_view",
+    "aten::slice",
+    "aten::narrow",
+    "aten::select",
+    "aten::transpose",
+    "aten::permute",
+    "aten::expand",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::t",
+    "aten::as_strided",
+    "aten::unflatten",
+    "aten::flatten",
+    "aten::split",
+    "aten::chunk",
+    "aten::unbind",
+    "aten::diagonal",
+    "aten::alias",
+}
+
+
+def _needs_functionalization(graph: torch.fx.Graph) -> bool:
+    """In-place writes that a plain data-flow reading would get wrong.
+
+    ``relu_(x)`` on a tensor nobody else reads is just ``relu(x)``; a write into
+    a view, into a graph input, or into a tensor that is read elsewhere is not.
+    """
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        target = node.args[0] if node.args else None
+        if not isinstance(target, torch.fx.Node) or target.op != "call_function":
+            return True
+        source = getattr(target.target, "_schema", None)
+        if (source is not None and source.name in VIEW_OPS) or len(target.users) > 1:
+            return True
+    return False
+
+
+def _check_runs(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Raise a one-line error if the model cannot run on the example inputs at all."""
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - reported to the user as one line
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise WsymInputError(
+            f"the model fails on the example inputs ({type(err).__name__}: {msg}); "
+            "pass inputs of the shape and dtype its forward expects"
+        ) from err
+
+
 def trace(model: torch.nn.Module, example_inputs) -> Traced:
     """Export ``model`` (in eval mode) on ``example_inputs``.
 
     Raises:
-        WsymInputError: if the model cannot be run or exported on these inputs.
+        WsymInputError: if the model cannot be run or traced on these inputs.
     """
     args, kwargs = split_inputs(example_inputs)
     with eval_mode(model):
         try:
-            with torch.no_grad():
-                model(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - reported to the user as one line
-            msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise WsymInputError(
-                f"the model fails on the example inputs ({type(err).__name__}: {msg}); "
-                "pass inputs of the shape and dtype its forward expects"
-            ) from err
-        try:
             ep = torch.export.export(model, args, kwargs, strict=False)
-            ep = ep.run_decompositions({})
         except Exception as export_error:  # noqa: BLE001
-            try:
-                traced = record(model, args, kwargs)
-            except Exception:  # noqa: BLE001
-                msg = str(export_error).strip().splitlines()[0] if str(export_error).strip() else ""
-                raise WsymInputError(
-                    f"neither torch.export nor torch.fx can trace this model "
-                    f"({type(export_error).__name__}: {msg}); "
-                    "remove data-dependent control flow from forward"
-                ) from export_error
-            warnings.warn(
-                f"torch.export failed ({type(export_error).__name__}); traced with torch.fx "
-                "(recorded ATen calls) instead: control flow is specialized to the example inputs",
-                stacklevel=3,
-            )
-            _require_static_shapes(traced.graph)
-            return traced
+            _check_runs(model, args, kwargs)
+            return _fallback(model, args, kwargs, export_error)
+        if _needs_functionalization(ep.graph):
+            ep = ep.run_decompositions({})
     _require_static_shapes(ep.graph)
     sig = ep.graph_signature
     return Traced(
