@@ -6,8 +6,8 @@ Run from the repository root::
 
 For each model (random weights, nothing downloaded) it times one float32 and one
 float64 forward pass (median of 3 after one warm-up), then the phases of
-``wsym.detect`` as it calls them (trace, analyze, solve, verification = float64
-probe setup + group-testing screen), and the whole ``wsym.detect`` call end to end.
+``wsym.detect`` (trace, analysis + solving, verification = float64 probe setup +
+group-testing screen), and the whole ``wsym.detect`` call end to end.
 One-time ``torch.export`` start-up is excluded by tracing a tiny model first.
 Ratios are seconds / (float32 forward seconds); the goal is detection +
 verification <= 20 forward passes.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import statistics
 import warnings
@@ -27,10 +26,9 @@ from time import perf_counter
 import torch
 
 import wsym
-from wsym.detect.analyze import analyze
-from wsym.detect.solve import solve
+from wsym.detect import find_candidates
 from wsym.graph.trace import trace
-from wsym.verify import Probe, screen, tied_keys
+from wsym.verify import Probe, screen
 
 GOAL = 20
 
@@ -93,24 +91,14 @@ def to_double(inputs):
 
 
 def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
-    """Replicate ``wsym.detect``'s phases, timing each; returns (seconds, probe forwards)."""
+    """``wsym.detect``'s three phases, timed; returns (seconds, probe forwards)."""
     t = {}
     start = perf_counter()
     traced = trace(model, inputs)
     t["trace"] = perf_counter() - start
-
     start = perf_counter()
-    ctx = analyze(traced)
-    t["analyze"] = perf_counter() - start
-
-    start = perf_counter()
-    state_keys = {**traced.parameters, **traced.buffers}
-    spec = solve(ctx, traced, state_keys)
-    t["solve"] = perf_counter() - start
-
-    keys = set(state_keys.values())
-    aliases = tuple((a, k) for a, k in tied_keys(model).items() if k in keys and a not in keys)
-    spec = dataclasses.replace(spec, aliases=aliases, deviations=())
+    spec = find_candidates(traced, model)
+    t["analyze + solve"] = perf_counter() - start
     start = perf_counter()
     probe = CountingProbe(model, inputs, seed=seed)
     t["verify: probe setup"] = perf_counter() - start

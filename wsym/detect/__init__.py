@@ -11,6 +11,7 @@ from wsym.detect.solve import solve
 from wsym.errors import SymmetryWarning
 from wsym.graph.networkx import to_networkx
 from wsym.graph.trace import trace
+from wsym.graph.trace_types import Traced
 from wsym.spec import SymmetrySpec
 from wsym.verify import Probe, screen, tied_keys
 
@@ -44,6 +45,15 @@ def detect(
         ['permutation', 'scaling']
     """
     traced = trace(model, example_inputs)
+    spec = find_candidates(traced, model)
+    if verify:
+        spec = verify_candidates(spec, model, example_inputs, seed=seed)
+    object.__setattr__(spec, "graph", to_networkx(traced))
+    return spec
+
+
+def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
+    """Candidate groups of a traced model (not yet verified); warns about blocking ops."""
     state_keys = {**traced.parameters, **traced.buffers}
     tied = tied_keys(model)
     placeholder = {key: ph for ph, key in state_keys.items()}
@@ -57,25 +67,28 @@ def detect(
     keys = set(state_keys.values())
     aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:
-        warnings.warn(message, SymmetryWarning, stacklevel=2)
-    devs: list[float] = []
+        warnings.warn(message, SymmetryWarning, stacklevel=3)
+    return _replace(spec, spec.groups, aliases, [])
+
+
+def verify_candidates(
+    spec: SymmetrySpec, model: torch.nn.Module, example_inputs, seed: int = 0
+) -> SymmetrySpec:
+    """Keep the groups that verify numerically (group testing); warn about the others."""
     groups = list(spec.groups)
-    if verify and groups:
-        spec = _replace(spec, groups, aliases, [])
-        devs, failed = screen(spec, Probe(model, example_inputs, seed=seed), seed=seed)
-        for i in failed:
-            g = groups[i]
-            warnings.warn(
-                f"dropped unverified {g.kind} group on {', '.join(g.params[:3])} "
-                f"(relative output change {devs[i]:.1e})",
-                SymmetryWarning,
-                stacklevel=2,
-            )
-        keep = [i for i in range(len(groups)) if i not in failed]
-        groups, devs = [groups[i] for i in keep], [devs[i] for i in keep]
-    spec = _replace(spec, groups, aliases, devs)
-    object.__setattr__(spec, "graph", to_networkx(traced))
-    return spec
+    if not groups:
+        return spec
+    devs, failed = screen(spec, Probe(model, example_inputs, seed=seed), seed=seed)
+    for i in failed:
+        g = groups[i]
+        warnings.warn(
+            f"dropped unverified {g.kind} group on {', '.join(g.params[:3])} "
+            f"(relative output change {devs[i]:.1e})",
+            SymmetryWarning,
+            stacklevel=3,
+        )
+    keep = [i for i in range(len(groups)) if i not in failed]
+    return _replace(spec, [groups[i] for i in keep], spec.aliases, [devs[i] for i in keep])
 
 
 def _replace(spec: SymmetrySpec, groups, aliases, devs) -> SymmetrySpec:
@@ -88,4 +101,4 @@ def _replace(spec: SymmetrySpec, groups, aliases, devs) -> SymmetrySpec:
     )
 
 
-__all__ = ["detect"]
+__all__ = ["detect", "find_candidates", "verify_candidates"]
