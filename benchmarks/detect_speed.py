@@ -8,7 +8,8 @@ For each model (random weights, nothing downloaded) it times one float32 and one
 float64 forward pass (median of 3 after one warm-up), then the phases of
 ``wsym.detect`` (trace, analysis + solving, verification = float64 probe setup +
 group-testing screen), and the whole ``wsym.detect`` call end to end.
-One-time ``torch.export`` start-up is excluded by tracing a tiny model first.
+Detection times are medians of 3 runs. One-time ``torch.export`` start-up is
+excluded by tracing a tiny model first.
 Ratios are seconds / (float32 forward seconds); the goal is detection +
 verification <= 20 forward passes.
 """
@@ -31,6 +32,7 @@ from wsym.graph.trace import trace
 from wsym.verify import Probe, screen
 
 GOAL = 20
+REPEATS = 3
 
 
 def resnet50():
@@ -118,10 +120,15 @@ def bench(name: str) -> dict:
     fwd64 = forward_seconds(copy.deepcopy(model).double(), to_double(inputs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        phases, probe_calls = detect_phases(model, inputs)
-        start = perf_counter()
-        spec = wsym.detect(model, inputs)
-        total = perf_counter() - start
+        runs = [detect_phases(model, inputs) for _ in range(REPEATS)]
+        phases = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
+        probe_calls = runs[0][1]
+        totals = []
+        for _ in range(REPEATS):
+            start = perf_counter()
+            spec = wsym.detect(model, inputs)
+            totals.append(perf_counter() - start)
+        total = statistics.median(totals)
     rows = {
         "forward float32": fwd32,
         "forward float64": fwd64,

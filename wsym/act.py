@@ -145,7 +145,7 @@ def _component_fn(group: Group, value, inverted: bool):
         def fn(t, lv):
             for ax, leaf in enumerate(lv):
                 if leaf.cls == group.cls:
-                    t = t.index_select(ax, perm)
+                    t = t[(slice(None),) * ax + (perm,)]  # faster than index_select off axis 0
             return t
 
         return fn

@@ -7,7 +7,7 @@ cannot hide behind a zero-initialized branch or a near-zero layer-scale).
 
 from __future__ import annotations
 
-import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,16 +44,28 @@ class Probe:
     """Forward passes of one model at chosen state dicts, in float64."""
 
     def __init__(self, model: torch.nn.Module, example_inputs, dtype=torch.float64, seed: int = 0):
-        self.model = copy.deepcopy(model).to(dtype)
+        self.model = model  # never modified: every call swaps in a state dict
+
+        def cast(t):
+            return t.detach().to(dtype) if t.is_floating_point() else t.detach()
+
         args, kwargs = split_inputs(example_inputs)
         gen = torch.Generator().manual_seed(seed)
         self.args = tuple(_randomize(a, gen, dtype) for a in args)
         self.kwargs = {k: _randomize(v, gen, dtype) for k, v in kwargs.items()}
-        self.state = {k: v.detach() for k, v in self.model.state_dict(keep_vars=True).items()}
-        self.generic = _generic_state(self.state, gen)
-        for alias, key in tied_keys(self.model).items():  # tied weights stay tied
+        own = model.state_dict(keep_vars=True)
+        # buffers outside the state dict (rotary frequencies, say) still need the dtype
+        self.extra = {k: cast(v) for k, v in model.named_buffers() if k not in own}
+        self.generic = _generic_state(own, gen, dtype)
+        self._own, self._cast = own, cast
+        for alias, key in tied_keys(model).items():  # tied weights stay tied
             self.generic[alias] = self.generic[key]
         self._ref: tuple = (None, None)
+
+    @functools.cached_property
+    def state(self) -> dict:
+        """The model's own weights, in the probe's dtype."""
+        return {k: self._cast(v) for k, v in self._own.items()}
 
     def reference(self, state: dict) -> torch.Tensor:
         """Outputs at ``state``, computed once per state dict object."""
@@ -65,7 +77,12 @@ class Probe:
         """Flattened float64 outputs at ``state``."""
         with torch.no_grad(), eval_mode(self.model):
             out = functional_call(
-                self.model, state, self.args, self.kwargs, tie_weights=False, strict=False
+                self.model,
+                {**self.extra, **state},
+                self.args,
+                self.kwargs,
+                tie_weights=False,
+                strict=False,
             )
         leaves, _ = tree_flatten(out)
         return torch.cat(
@@ -101,23 +118,29 @@ def _randomize(x, gen, dtype):
     return x
 
 
-def _generic_state(state: dict, gen) -> dict:
-    """Random parameters of the same shapes and rough scale; variances stay positive."""
+def _generic_state(state: dict, gen, dtype) -> dict:
+    """Random weights of the same shapes and rough scale; variances stay positive.
+
+    Uniform draws with the weights' standard deviation: as generic as Gaussian
+    ones and cheaper. 1-D positive weights (norm scales, layer-scales) stay
+    positive and O(1) so that no branch is switched off.
+    """
     out = {}
-    for k, v in state.items():
-        if not v.is_floating_point():
-            out[k] = v
+    for k, full in state.items():
+        full = full.detach()
+        if not full.is_floating_point():
+            out[k] = full
             continue
-        std = v.std().item() if v.numel() > 1 else abs(v.item()) if v.numel() else 0.0
-        std = std if std > 1e-3 else (1.0 / max(1, v[0].numel()) ** 0.5 if v.ndim > 1 else 0.5)
-        # uniform with the same variance: as generic as a Gaussian, and cheaper to draw
-        r = (torch.rand(v.shape, generator=gen) * 2 - 1).to(v.dtype) * (std * 3**0.5)
+        sample = full.reshape(-1)[: 2**16]
+        std = sample.std().item() if sample.numel() > 1 else abs(sample.sum().item())
+        if std <= 1e-3:  # zero or constant init: fan-in scale for matrices, 0.5 otherwise
+            std = 1.0 / max(1, full[0].numel()) ** 0.5 if full.ndim > 1 else 0.5
+        a = std * 3**0.5
+        r = torch.empty(full.shape, dtype=dtype).uniform_(-a, a, generator=gen)
         if k.endswith("running_var"):
             r = r.abs() + 0.5
-        elif (
-            v.ndim == 1 and (v > 0).all()
-        ):  # norm weights, layer-scales: keep a generic positive scale
-            r = r.abs() + v.mean()
+        elif full.ndim == 1 and (full > 0).all():
+            r = r.abs() + full.mean().to(dtype)
         out[k] = r
     return out
 
