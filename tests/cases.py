@@ -22,6 +22,7 @@ class Case:
     inputs: Any  # () -> Tensor | tuple | dict
     expected: dict
     slow: bool = False
+    tol: float = 1e-8  # relative output change allowed when acting in float64
 
 
 class SwiGLU(nn.Module):
@@ -160,6 +161,21 @@ def _bert():
     return transformers.BertModel(cfg)
 
 
+def _llama():
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
 def _e3nn():
     from e3nn import nn as enn
     from e3nn import o3
@@ -267,6 +283,15 @@ CASES = [
         _bert,
         lambda: {"input_ids": torch.randint(0, 100, (2, 7))},
         {"gl": 4, "permutation": 4, "translation": 2},
+    ),
+    # GQA through repeat_kv (expand), rotary embeddings (which block query/key for now),
+    # RMSNorm with weights, SwiGLU; the residual stream is read in float32 by HF's RMSNorm
+    Case(
+        "llama",
+        _llama,
+        lambda: {"input_ids": torch.randint(0, 64, (2, 6))},
+        {"gl": 1, "permutation": 4, "scaling": 4, "sign": 4},
+        tol=1e-6,
     ),
     Case(
         "e3nn-gate", _e3nn, lambda: torch.randn(5, 13), {"permutation": 2, "scaling": 2, "sign": 1}

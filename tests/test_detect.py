@@ -37,7 +37,7 @@ def test_group_table(detected, name):
     _, _, spec = detected(name)
     case = next(c for c in CASES if c.name == name)
     assert spec.kinds() == case.expected, spec.table()
-    assert all(d <= 1e-7 for d in spec.deviations)
+    assert all(d <= 1e-6 for d in spec.deviations)
 
 
 @pytest.mark.parametrize("name", PARAMS)
@@ -51,7 +51,8 @@ def test_random_elements_preserve_outputs(detected, name, seed):
     changed = [k for k in sd if not torch.equal(sd[k], moved[k])]
     assert changed, "a random group element should move some parameters"
     y0, y1 = outputs(model, sd, inputs), outputs(model, moved, inputs)
-    assert (y1 - y0).abs().max() <= 1e-8 * y0.abs().max()
+    case = next(c for c in CASES if c.name == name)
+    assert (y1 - y0).abs().max() <= case.tol * y0.abs().max()
 
 
 @pytest.mark.parametrize("name", PARAMS)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import wsym
+from wsym.act import sample
 from wsym.errors import WsymInputError
 from wsym.graph import write_graph
 from wsym.spec import SymmetrySpec
@@ -136,3 +137,17 @@ def test_act_on_a_mismatched_state_dict_is_a_clear_error(spec_and_model):
     sd["blocks.0.attn.q.weight"] = torch.zeros(3, 3)
     with pytest.raises(WsymInputError, match="has shape"):
         spec.act(g, sd)
+
+
+def test_verification_elements_move_every_unit(spec_and_model):
+    spec, _, _ = spec_and_model
+    perm = next(i for i, g in enumerate(spec.groups) if g.kind == "permutation")
+    sign = next(i for i, g in enumerate(spec.groups) if g.kind == "sign")
+    for seed in range(20):
+        g = dict(sample(spec, seed=seed, groups=[perm, sign], moving=True).components)
+        assert (g[perm] != torch.arange(spec.groups[perm].size)).all()
+        assert (g[sign] < 0).any()
+        flipped = dict(
+            sample(spec, seed=seed, groups=[perm, sign], moving=True, flip=True).components
+        )
+        assert torch.equal(flipped[sign], -g[sign])

@@ -55,16 +55,30 @@ def _log_uniform(shape, scale, gen) -> torch.Tensor:
     return torch.exp(lo + (hi - lo) * torch.rand(tuple(shape), generator=gen, dtype=torch.float64))
 
 
-def sample_group(spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 1e2)):
-    """A random value for group ``i`` (uniform permutations, log-uniform scales)."""
+def sample_group(
+    spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 1e2), moving: bool = False
+):
+    """A random value for group ``i`` (uniform permutations, log-uniform scales).
+
+    With ``moving`` (for verification), permutations are random n-cycles, so that
+    every unit moves, and sign vectors flip at least one unit.
+    """
     g = spec.groups[i]
     n = g.size
     if g.kind == "permutation":
-        return torch.randperm(n, generator=gen)
+        perm = torch.randperm(n, generator=gen)
+        if not moving:
+            return perm
+        cycle = torch.empty_like(perm)
+        cycle[perm] = perm.roll(-1)
+        return cycle
     if g.kind in ("scaling", "norm_scaling"):
         return _log_uniform((n,), scale, gen)
     if g.kind == "sign":
-        return torch.randint(0, 2, (n,), generator=gen).to(torch.float64) * 2 - 1
+        signs = torch.randint(0, 2, (n,), generator=gen).to(torch.float64) * 2 - 1
+        if moving and (signs > 0).all():
+            signs[torch.randint(0, n, (1,), generator=gen)] = -1
+        return signs
     idx = _index_sizes(spec, g)
     if g.kind == "orthogonal":
         return _random_orthogonal(idx, n, gen)
@@ -79,17 +93,30 @@ def sample_group(spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 
 
 
 def sample(
-    spec: SymmetrySpec, seed: int = 0, scale=(1e-2, 1e2), kinds=None, groups=None
+    spec: SymmetrySpec,
+    seed: int = 0,
+    scale=(1e-2, 1e2),
+    kinds=None,
+    groups=None,
+    moving: bool = False,
+    flip: bool = False,
 ) -> GroupElement:
-    """A random element of the product of ``spec``'s groups (or of ``kinds``/``groups`` only)."""
+    """A random element of the product of ``spec``'s groups (or of ``kinds``/``groups`` only).
+
+    ``moving`` and ``flip`` serve verification: every unit of a permutation
+    moves, and ``flip`` negates the sign vectors, so that the elements drawn with
+    one seed with and without it flip every unit once between them.
+    """
     gen = torch.Generator().manual_seed(seed)
     chosen = range(len(spec.groups)) if groups is None else groups
-    comps = tuple(
-        (i, sample_group(spec, i, gen, scale))
-        for i in chosen
-        if kinds is None or spec.groups[i].kind in kinds
-    )
-    return GroupElement(comps)
+    comps = []
+    for i in chosen:
+        if kinds is None or spec.groups[i].kind in kinds:
+            value = sample_group(spec, i, gen, scale, moving)
+            if flip and spec.groups[i].kind == "sign":
+                value = -value
+            comps.append((i, value))
+    return GroupElement(tuple(comps))
 
 
 def transform(t: torch.Tensor, trees: list, fn) -> torch.Tensor:

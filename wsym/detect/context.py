@@ -49,6 +49,7 @@ class Context:
     softmaxes: list = field(default_factory=list)
     events: list = field(default_factory=list)
     allowed_buffers: set = field(default_factory=set)
+    sub_axes: dict = field(default_factory=dict)
 
     # -- atoms and layouts -------------------------------------------------
     def new(self, size: int, owner: tuple | None = None, split=None) -> int:
@@ -64,6 +65,50 @@ class Context:
         if reason is not None:
             self.block(layout, reason)
         return layout
+
+    def child(self, a: int, i: int) -> int:
+        """The i-th sub-axis of occurrence ``a`` (whose class is split).
+
+        Splits live on class roots; every occurrence gets sub-axes of its own,
+        coupled to the root's with the occurrence's parity, so that exponent
+        relations stay attached to the tensor they are about.
+        """
+        key = (a, i)
+        if key not in self.sub_axes:
+            root, parity = self.atoms.find(a)
+            shared = self.atoms.split[root][1][i]
+            if self.owner.get(shared) == key:
+                self.sub_axes[key] = shared
+            else:
+                c = self.new(self.atoms.size[shared], owner=key)
+                self.atoms.union(c, shared, parity)
+                self.sub_axes[key] = c
+        return self.sub_axes[key]
+
+    def children(self, a: int) -> tuple[str, list[int]] | None:
+        """``(mode, sub-axes of occurrence a)``, or None if its class is not split."""
+        split = self.atoms.split_of(a)
+        if split is None:
+            return None
+        return split[0], [self.child(a, i) for i in range(len(split[1]))]
+
+    def split_class(self, a: int, mode: str, sizes: list[int]) -> list[int]:
+        """Split the (unsplit) class of ``a``; return the sub-axes of occurrence ``a``."""
+        root = self.atoms.root(a)
+        shared = [self.new(n, owner=(root, i)) for i, n in enumerate(sizes)]
+        self.atoms.set_split(root, mode, shared)
+        return [self.child(a, i) for i in range(len(sizes))]
+
+    def expand(self, atoms: list[int]) -> list[int]:
+        """Occurrence-level expansion of product splits (cat-split atoms are kept)."""
+        out: list[int] = []
+        for a in atoms:
+            ch = self.children(a)
+            if ch is not None and ch[0] == "prod":
+                out.extend(self.expand(ch[1]))
+            else:
+                out.append(a)
+        return out
 
     def like(self, layout: Layout) -> Layout:
         """A fresh layout with the structure of ``layout`` (dependent axes keep their key)."""
@@ -165,7 +210,7 @@ class Context:
 
     def relate(self, system: str, dims: list[Dim], coefs: tuple) -> None:
         """Record sum_i coefs[i] * e(dims[i]) = 0, atom by atom (dims already coupled)."""
-        expanded = [self.atoms.expand(self._plain(d)) for d in dims]
+        expanded = [self.expand(self._plain(d)) for d in dims]
         for atoms in zip(*expanded, strict=True):
             self.relations.append((system, "lin", atoms, coefs))
 
@@ -177,8 +222,8 @@ class Context:
     def _align(self, da: Dim, db: Dim) -> list[tuple[int, int]]:
         if any(isinstance(f, Dep) for f in da) or any(isinstance(f, Dep) for f in db):
             return self._align_dep(da, db)
-        a = [x for x in self.atoms.expand(da) if self.atoms.size[x] > 1]
-        b = [x for x in self.atoms.expand(db) if self.atoms.size[x] > 1]
+        a = [x for x in self.expand(da) if self.atoms.size[x] > 1]
+        b = [x for x in self.expand(db) if self.atoms.size[x] > 1]
         pairs = []
         while a and b:
             x, y = a.pop(0), b.pop(0)
@@ -210,9 +255,7 @@ class Context:
         """Split an unsplit atom's class as a product; return the sub-axes of ``atom``."""
         if remainder or self.atoms.split_of(atom) is not None:
             raise SplitConflict(f"cannot factor an axis of size {self.atoms.size[atom]} as {sizes}")
-        children = [self.new(n, owner=(atom, i)) for i, n in enumerate(sizes)]
-        self.atoms.set_split(atom, "prod", children)
-        return children
+        return self.split_class(atom, "prod", sizes)
 
     # -- concatenation and slicing ----------------------------------------
     def concat(self, pieces: list[Dim]) -> int:
@@ -240,7 +283,7 @@ class Context:
         n = self.dim_size(dim)
         if start <= 0 and stop >= n:
             return dim
-        plain = [x for x in self.atoms.expand(self._plain(dim)) if self.atoms.size[x] > 1]
+        plain = [x for x in self.expand(self._plain(dim)) if self.atoms.size[x] > 1]
         if len(plain) != 1:
             raise SplitConflict("slice of a product axis")
         pieces = self._cat_pieces(plain[0], start, stop)
@@ -253,15 +296,11 @@ class Context:
 
     def _cat_pieces(self, atom: int, start: int, stop: int) -> list[int]:
         size = self.atoms.size[atom]
-        split = self.atoms.split_of(atom)
+        split = self.children(atom)
         if split is None:
             bounds = sorted({0, max(0, start), min(size, stop), size})
-            children = [
-                self.new(b - a, owner=(atom, i))
-                for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
-            ]
-            self.atoms.set_split(atom, "cat", children)
-            split = ("cat", children)
+            sizes = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+            split = ("cat", self.split_class(atom, "cat", sizes))
         if split[0] != "cat":
             raise SplitConflict("slice of a product axis")
         pieces, offset = [], 0

@@ -10,6 +10,7 @@ static for the example inputs.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 
 import torch
@@ -31,6 +32,24 @@ def split_inputs(example_inputs) -> tuple[tuple, dict]:
         f"example inputs of type {type(example_inputs).__name__}; pass a Tensor, a tuple of "
         "positional inputs or a dict of keyword inputs"
     )
+
+
+def model_inputs(model: torch.nn.Module, example_inputs) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` for analysing ``model``.
+
+    Models whose forward takes ``use_cache`` (Hugging Face decoders) are analysed
+    with ``use_cache=False`` unless the caller sets it: the key/value cache is a
+    by-product for incremental decoding, not part of the function; a symmetry
+    that moves keys and values moves a cache built with the same weights alike.
+    """
+    args, kwargs = split_inputs(example_inputs)
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "use_cache" in params and "use_cache" not in kwargs:
+        kwargs = {**kwargs, "use_cache": False}
+    return args, kwargs
 
 
 @contextlib.contextmanager
@@ -138,7 +157,7 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
     Raises:
         WsymInputError: if the model cannot be run or traced on these inputs.
     """
-    args, kwargs = split_inputs(example_inputs)
+    args, kwargs = model_inputs(model, example_inputs)
     with eval_mode(model):
         try:
             ep = torch.export.export(model, args, kwargs, strict=False)

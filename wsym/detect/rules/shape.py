@@ -5,6 +5,7 @@ from __future__ import annotations
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context, Dep
 from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
+from wsym.detect.rules.elementwise import NONLINEAR
 
 
 def identity(ctx: Context, node) -> None:
@@ -58,7 +59,7 @@ def reshape_layout(ctx: Context, node, layout, in_shape, out_shape):
         dims = [layout[i] for i in gi]
         if any(isinstance(f, Dep) for d in dims for f in d):
             raise SplitConflict("reshape of a dependent axis")
-        flat = [a for a in ctx.atoms.expand([f for d in dims for f in d]) if ctx.atoms.size[a] > 1]
+        flat = [a for a in ctx.expand([f for d in dims for f in d]) if ctx.atoms.size[a] > 1]
         k = 0
         while k < len(gj):
             j = gj[k]
@@ -102,17 +103,11 @@ def _dependent(ctx: Context, node, atom, gj, k, out_shape, out) -> int:
         rest *= out_shape[jj]
     if rest * n != size or ctx.atoms.split_of(atom) is not None:
         raise SplitConflict("fused axis cannot be separated")
-    segments = [ctx.new(rest, owner=(atom, i)) for i in range(n)]
-    ctx.atoms.set_split(atom, "cat", segments)
+    segments = ctx.split_class(atom, "cat", [rest] * n)
     parts = []
     for seg in segments:
         sizes = [out_shape[jj] for jj in rest_dims]
-        if len(sizes) == 1:
-            parts.append([seg])
-        else:
-            children = [ctx.new(s, owner=(seg, m)) for m, s in enumerate(sizes)]
-            ctx.atoms.set_split(seg, "prod", children)
-            parts.append(children)
+        parts.append([seg] if len(sizes) == 1 else ctx.split_class(seg, "prod", sizes))
     key = ctx.new(n)
     out[j] = [key]
     for m, jj in enumerate(rest_dims):
@@ -149,14 +144,23 @@ def permute(ctx: Context, node) -> None:
 
 
 def expand(ctx: Context, node) -> None:
-    """expand: new and broadcast axes get fresh atoms, the others are kept."""
+    """expand: broadcast axes get fresh atoms along which the values are copies.
+
+    Nothing can rescale or mix copies (their exponents are zero and GL is broken),
+    but permuting them is harmless, so they still couple by permutation.
+    """
     src = node.args[0]
     lay, in_shape, out_shape = ctx.layouts[src.name], shape(src), shape(node)
     offset = len(out_shape) - len(in_shape)
     out = ctx.fresh(out_shape)
-    for i, dim in enumerate(lay):
-        if in_shape[i] == out_shape[offset + i]:
-            out[offset + i] = list(dim)
+    for i, dim in enumerate(out):
+        j = i - offset
+        if j >= 0 and in_shape[j] == out_shape[i]:
+            out[i] = list(lay[j])
+        elif out_shape[i] > 1:
+            ctx.mark(dim, *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [dim], (1,))
     ctx.layouts[node.name] = out
 
 
