@@ -233,6 +233,12 @@ CASES = [
         {"gl": 2, "permutation": 3, "scaling": 4, "sign": 3, "translation": 1},
     ),
     Case(
+        "tiny-transformer-rotary",
+        lambda: TinyTransformer(patch=4, seq=6, dim=8, heads=2, depth=1, hidden=12, rotary=True),
+        lambda: torch.randn(2, 6, 4),
+        {"gl": 1, "orthogonal": 1, "permutation": 3, "scaling": 4, "sign": 3},
+    ),
+    Case(
         "tiny-transformer-tokens",
         lambda: TinyTransformer(vocab=11, seq=6, dim=8, heads=2, depth=2, hidden=12),
         lambda: torch.randint(0, 11, (2, 6)),
@@ -284,13 +290,13 @@ CASES = [
         lambda: {"input_ids": torch.randint(0, 100, (2, 7))},
         {"gl": 4, "permutation": 4, "translation": 2},
     ),
-    # GQA through repeat_kv (expand), rotary embeddings (which block query/key for now),
+    # GQA through repeat_kv (expand), rotary embeddings (query/key: SO(2) per pair),
     # RMSNorm with weights, SwiGLU; the residual stream is read in float32 by HF's RMSNorm
     Case(
         "llama",
         _llama,
         lambda: {"input_ids": torch.randint(0, 64, (2, 6))},
-        {"gl": 1, "permutation": 4, "scaling": 4, "sign": 4},
+        {"gl": 1, "orthogonal": 1, "permutation": 4, "scaling": 4, "sign": 4},
         tol=1e-6,
     ),
     Case(

@@ -44,10 +44,14 @@ def _index_sizes(spec: SymmetrySpec, group: Group) -> list[int]:
     return [sizes[c] for c in group.index]
 
 
-def _random_orthogonal(shape, n, gen) -> torch.Tensor:
+def _random_orthogonal(shape, n, gen, special: bool = False) -> torch.Tensor:
     a = torch.randn(*shape, n, n, generator=gen, dtype=torch.float64)
     q, r = torch.linalg.qr(a)
-    return q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    if special:  # flip one column where the determinant is -1
+        det = torch.linalg.det(q)
+        q[..., :, 0] = q[..., :, 0] * det.sign().unsqueeze(-1)
+    return q
 
 
 def _log_uniform(shape, scale, gen) -> torch.Tensor:
@@ -81,7 +85,7 @@ def sample_group(
         return signs
     idx = _index_sizes(spec, g)
     if g.kind == "orthogonal":
-        return _random_orthogonal(idx, n, gen)
+        return _random_orthogonal(idx, n, gen, g.special)
     if g.kind == "gl":
         u, v = _random_orthogonal(idx, n, gen), _random_orthogonal(idx, n, gen)
         return (u * _log_uniform((*idx, 1, n), scale, gen)) @ v.transpose(-1, -2)

@@ -67,14 +67,31 @@ class ResidualCNN(nn.Module):
         return self.head(h.mean(dim=(2, 3)))
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention written out: softmax(q k^T / sqrt(d)) v."""
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last axis."""
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
-    def __init__(self, dim: int, heads: int):
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out: softmax(q k^T / sqrt(d)) v.
+
+    With ``rotary``, queries and keys get rotary position embeddings
+    (``x cos + rotate_half(x) sin``, frequencies ``10000^(-2j/d)``).
+    """
+
+    def __init__(self, dim: int, heads: int, rotary: bool = False):
         super().__init__()
-        self.heads, self.head_dim = heads, dim // heads
+        self.heads, self.head_dim, self.rotary = heads, dim // heads, rotary
         self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
+        inv_freq = 10000.0 ** (-torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _rotate(self, z: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(z.shape[-2], dtype=self.inv_freq.dtype)
+        angles = torch.outer(pos, self.inv_freq).repeat(1, 2).to(z.dtype)
+        return z * angles.cos() + rotate_half(z) * angles.sin()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Self-attention over ``x`` of shape ``(B, T, dim)``."""
@@ -84,6 +101,8 @@ class Attention(nn.Module):
             return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
 
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        if self.rotary:
+            q, k = self._rotate(q), self._rotate(k)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         y = scores.softmax(dim=-1) @ v
         return self.out(y.transpose(1, 2).reshape(b, t, -1))
@@ -92,10 +111,10 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: attention and a ReLU MLP, each residual."""
 
-    def __init__(self, dim: int, heads: int, hidden: int):
+    def __init__(self, dim: int, heads: int, hidden: int, rotary: bool = False):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, rotary)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,6 +129,7 @@ class TinyTransformer(nn.Module):
     Args:
         vocab: vocabulary size for token-id inputs; 0 means inputs are float
             sequences of ``patch`` features (e.g. mnist1d as patches).
+        rotary: rotary position embeddings on queries and keys (besides ``pos``).
 
     Example:
         >>> TinyTransformer(vocab=11, dim=8, heads=2, depth=1)(torch.randint(0, 11, (2, 5))).shape
@@ -126,11 +146,12 @@ class TinyTransformer(nn.Module):
         depth: int = 2,
         hidden: int = 64,
         classes: int = 10,
+        rotary: bool = False,
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim) if vocab else nn.Linear(patch, dim)
         self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
-        self.blocks = nn.ModuleList(Block(dim, heads, hidden) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(dim, heads, hidden, rotary) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, classes)
 

@@ -72,6 +72,7 @@ class Group:
         exponents: ``(occurrence, exponent)`` pairs (scaling, sign, norm_scaling).
         corrections: BatchNorm ``(weight, running_var, eps, u)`` (norm_scaling).
         target: translation ``(param, classes, mode)``; mode "full" or "uniform".
+        special: orthogonal only: determinant +1 (rotations, as for rotary pairs).
     """
 
     kind: str
@@ -83,6 +84,7 @@ class Group:
     exponents: tuple[tuple[int, int], ...] = ()
     corrections: tuple[tuple[str, str, float, int], ...] = ()
     target: tuple = ()
+    special: bool = False
 
     @property
     def notation(self) -> str:
@@ -94,7 +96,7 @@ class Group:
             "norm_scaling": f"(R+)^{n}",
             "sign": f"Z2^{n}",
             "gl": f"GL({n})",
-            "orthogonal": f"O({n})",
+            "orthogonal": f"SO({n})" if self.special else f"O({n})",
             "translation": f"R^{n}",
         }[self.kind]
         return f"{base}^{c}" if c > 1 else base
@@ -249,6 +251,7 @@ class SymmetrySpec:
                 exponents=tuple(tuple(e) for e in g["exponents"]),
                 corrections=tuple(tuple(c) for c in g["corrections"]),
                 target=_target_from_json(g["target"]),
+                special=g.get("special", False),
             )
             for g in d["groups"]
         )

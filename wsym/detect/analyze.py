@@ -9,6 +9,7 @@ import torch
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context
 from wsym.detect.rules import RULES
+from wsym.detect.rules.rotary import find_rotary, parameter_free, rotary
 from wsym.graph.trace import Traced
 
 MAX_PASSES = 4
@@ -48,7 +49,14 @@ def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
     """One pass of all rules over the graph; ``ties`` are placeholder pairs sharing storage."""
     ctx = Context(indexed_sites=frozenset(indexed_sites))
     tied = dict(ties)
+    free = parameter_free(traced.graph, set(traced.parameters))
+    rotaries, inside = find_rotary(traced.graph, free)
     for node in traced.graph.nodes:
+        if node.name in inside:
+            continue  # part of a rotary embedding, handled at its final add
+        if node.name in rotaries:
+            rotary(ctx, node, rotaries[node.name])
+            continue
         if node.op == "placeholder":
             if node.name in traced.parameters or node.name in traced.buffers:
                 reason = None if _is_float(node) else "integer parameter or buffer"
@@ -65,7 +73,7 @@ def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
         elif node.op == "get_attr":
             ctx.layouts[node.name] = _fresh_like(ctx, node, "constant tensor")
         elif node.op == "call_function":
-            _apply(ctx, node)
+            _apply(ctx, node, quiet=node.name in free)
         elif node.op == "output":
             for src in node.all_input_nodes:
                 for lay in _tensor_layouts(ctx, src):
@@ -85,16 +93,19 @@ def _node(traced: Traced, name: str):
     return next(n for n in traced.graph.nodes if n.name == name)
 
 
-def _apply(ctx: Context, node) -> None:
+def _apply(ctx: Context, node, quiet: bool = False) -> None:
+    """Run the node's rule; an unknown op blocks its operands.
+
+    ``quiet``: no warning, for computations that do not involve the parameters
+    (position tables, masks).
+    """
     name = rule_name(node)
     rule = RULES.get(name)
     if rule is None and name.endswith("_") and not _writes_into_input(node):
         rule = RULES.get(name[:-1])  # relu_(x) read as relu(x); see graph.trace
     if rule is None or not _is_float_op(node):
         reason = f"operation {name} is not understood" if rule is None else f"integer op {name}"
-        if rule is None and any(
-            _tensor_layouts(ctx, s) for s in node.all_input_nodes if _is_float(s)
-        ):
+        if rule is None and not quiet and any(_is_float(s) for s in node.all_input_nodes):
             ctx.warn(f"{name} ({node.name}) is not understood; it blocks symmetries through it")
         for src in node.all_input_nodes:
             for lay in _tensor_layouts(ctx, src):

@@ -240,7 +240,10 @@ def _class_groups(
         count = 1
         for c in index:
             count *= st.info[c].size
-        return [Group("orthogonal", info.size, count, params, cls=cls, index=index)]
+        special = "reflection" in info.breaks
+        return [
+            Group("orthogonal", info.size, count, params, cls=cls, index=index, special=special)
+        ]
     groups = [Group("permutation", info.size, 1, params, cls=cls)]
     for system, modulus in (("scale", None), ("sign", 2)):
         class_rows = rows.get((system, cls), [])
