@@ -63,3 +63,13 @@ def test_act_inverse_round_trip(detected, name):
     back = spec.act(g.inverse(), spec.act(g, sd))
     for k in sd:
         torch.testing.assert_close(back[k], sd[k], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if not c.slow])
+def test_each_group_verifies_alone(detected, name):
+    """Group testing in detect checks sets jointly; here every group is checked on its own."""
+    model, inputs, spec = detected(name)
+    report = spec.verify(model, inputs)
+    assert report.ok, [
+        (g.notation, g.params[:2], d) for g, d in zip(spec.groups, report.deviations)
+    ]

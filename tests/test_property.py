@@ -43,15 +43,25 @@ def test_cnn(channels, in_channels):
 @SETTINGS
 @given(
     heads=st.integers(1, 3),
-    head_dim=st.integers(1, 3),
+    head_dim=st.integers(1, 4),
     depth=st.integers(1, 2),
     hidden=st.integers(2, 6),
+    rotary=st.booleans(),
 )
-def test_transformer(heads, head_dim, depth, hidden):
+def test_transformer(heads, head_dim, depth, hidden, rotary):
+    rotary = rotary and head_dim % 2 == 0
     model = TinyTransformer(
-        patch=3, seq=4, dim=heads * head_dim, heads=heads, depth=depth, hidden=hidden, classes=2
+        patch=3,
+        seq=4,
+        dim=heads * head_dim,
+        heads=heads,
+        depth=depth,
+        hidden=hidden,
+        classes=2,
+        rotary=rotary,
     )
-    check(model, torch.randn(2, 4, 3))
+    spec = check(model, torch.randn(2, 4, 3))
+    assert any(g.kind == "orthogonal" and g.special for g in spec.groups) == rotary
 
 
 @SETTINGS
