@@ -111,6 +111,19 @@ class RMSResidual(nn.Module):
         return self.out(self.norm(h))
 
 
+class Concat(nn.Module):
+    """Two branches concatenated along channels: each branch's channels permute alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(2, 3, 1), nn.Conv2d(2, 4, 3, padding=1)
+        self.c, self.head = nn.Conv2d(7, 5, 1), nn.Linear(5, 2)
+
+    def forward(self, x):
+        h = torch.relu(torch.cat([self.a(x), self.b(x)], dim=1))
+        return self.head(torch.relu(self.c(h)).mean(dim=(2, 3)))
+
+
 class TiedEmbedding(nn.Module):
     """Output head tied to the input embedding: both move as one tensor."""
 
@@ -244,6 +257,7 @@ CASES = [
         lambda: torch.randint(0, 11, (2, 6)),
         {"gl": 4, "permutation": 5, "scaling": 7, "sign": 5, "translation": 2},
     ),
+    Case("concat", Concat, lambda: torch.randn(2, 2, 5, 5), {"permutation": 3, "scaling": 3}),
     Case(
         "tied-embedding",
         TiedEmbedding,
