@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/detect_speed.py [--models resnet50,bert-base] [--json PATH]
 
 For each model (random weights, nothing downloaded) it times one float32 and one
-float64 forward pass (median of 3 after one warm-up), then the phases of
+float64 forward pass (median of 10 after one warm-up), then the phases of
 ``wsym.detect`` (trace, analysis + solving, verification = float64 probe setup +
 group-testing screen), and the whole ``wsym.detect`` call end to end.
 Detection times are medians of 3 runs. One-time ``torch.export`` start-up is
@@ -73,7 +73,7 @@ def call(model, inputs):
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
 
 
-def forward_seconds(model, inputs, repeats: int = 3) -> float:
+def forward_seconds(model, inputs, repeats: int = 10) -> float:
     """Median wall time of one no-grad eval forward, after one warm-up."""
     model.eval()
     with torch.no_grad():
