@@ -113,14 +113,3 @@ class AtomTable:
         r = self.root(a)
         assert r not in self.split
         self.split[r] = (mode, children)
-
-    def expand(self, atoms: list[int]) -> list[int]:
-        """Expand product splits recursively; cat-split and unsplit atoms are kept."""
-        out: list[int] = []
-        for a in atoms:
-            s = self.split_of(a)
-            if s is not None and s[0] == "prod":
-                out.extend(self.expand(s[1]))
-            else:
-                out.append(a)
-        return out

@@ -74,39 +74,15 @@ def batch_norm_generic(ctx: Context, node) -> None:
     )
 
 
-def layer_norm(ctx: Context, node) -> None:
-    """layer_norm(x, normalized_shape, w, b, eps): permutations only on normalized axes."""
-    x, nshape, w, b = node.args[0], node.args[1], arg(node, 2, "weight"), arg(node, 3, "bias")
-    lx = ctx.layouts[x.name]
-    k = len(nshape)
-    out = ctx.like(lx)
-    lead = len(lx) - k
-    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
-        if i < lead:
-            ctx.couple(do, dx, scale="zero", sign="zero", breaks=NONLINEAR)
-        else:
-            ctx.couple(do, dx, scale=None, sign=None, breaks=NONLINEAR)
-            ctx.relate("scale", [dx], (1,))
-            ctx.relate("sign", [dx], (1,))
-    ctx.event(lx[lead:], [lx])
-    for p in (w, b):
-        if is_tensor(p):
-            for do, dp in zip(out[lead:], ctx.layouts[p.name], strict=True):
-                ctx.couple(do, dp)
-    if not is_tensor(w):
-        for do in out[lead:]:
-            ctx.relate("scale", [do], (1,))
-            ctx.relate("sign", [do], (1,))
-    _outputs(ctx, node, out)
+def _normalize(ctx: Context, node, nshape, affine, breaks) -> None:
+    """Normalization over the trailing ``nshape`` axes with optional elementwise ``affine``.
 
-
-def rms_norm(ctx: Context, node) -> None:
-    """rms_norm(x, normalized_shape, w, eps): orthogonal on the normalized axes if no weight."""
-    x, nshape, w = node.args[0], node.args[1], arg(node, 2, "weight")
-    lx = ctx.layouts[x.name]
+    Its input may move only as ``breaks`` allows (nothing diagonal: the statistics
+    mix units); its output moves with the affine parameters, or not at all.
+    """
+    lx = ctx.layouts[node.args[0].name]
     lead = len(lx) - len(nshape)
     out = ctx.like(lx)
-    breaks = NONLINEAR if is_tensor(w) or len(nshape) > 1 else ("gl",)
     for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
         if i < lead:
             ctx.couple(do, dx, scale="zero", sign="zero", breaks=NONLINEAR)
@@ -114,14 +90,29 @@ def rms_norm(ctx: Context, node) -> None:
             ctx.couple(do, dx, scale=None, sign=None, breaks=breaks)
             ctx.relate("scale", [dx], (1,))
             ctx.relate("sign", [dx], (1,))
-    if is_tensor(w):
-        for do, dp in zip(out[lead:], ctx.layouts[w.name], strict=True):
+    ctx.event(lx[lead:], [lx])
+    params = [p for p in affine if is_tensor(p)]
+    for p in params:
+        for do, dp in zip(out[lead:], ctx.layouts[p.name], strict=True):
             ctx.couple(do, dp)
-    else:
+    if not is_tensor(affine[0]):  # no weight: the output cannot be rescaled
         for do in out[lead:]:
             ctx.relate("scale", [do], (1,))
             ctx.relate("sign", [do], (1,))
     _outputs(ctx, node, out)
+
+
+def layer_norm(ctx: Context, node) -> None:
+    """layer_norm(x, normalized_shape, w, b, eps): permutations only on normalized axes."""
+    affine = (arg(node, 2, "weight"), arg(node, 3, "bias"))
+    _normalize(ctx, node, node.args[1], affine, NONLINEAR)
+
+
+def rms_norm(ctx: Context, node) -> None:
+    """rms_norm(x, normalized_shape, w, eps): orthogonal on the normalized axes if no weight."""
+    nshape, w = node.args[1], arg(node, 2, "weight")
+    breaks = NONLINEAR if is_tensor(w) or len(nshape) > 1 else ("gl",)
+    _normalize(ctx, node, nshape, (w,), breaks)
 
 
 def group_norm(ctx: Context, node) -> None:
