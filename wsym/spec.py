@@ -144,6 +144,7 @@ class SymmetrySpec:
         groups: the group factors (their product is the symmetry group found).
         layouts: ``(param, (tree per dim, ...))`` pairs for every state-dict entry.
         aliases: ``(alias, param)`` pairs for tied parameters.
+        buffers: state-dict keys that are buffers (running statistics), not parameters.
         deviations: verified largest relative output change, per group.
         warnings: operations that blocked symmetries, candidates dropped.
     """
@@ -151,6 +152,7 @@ class SymmetrySpec:
     groups: tuple[Group, ...]
     layouts: tuple[tuple[str, tuple], ...]
     aliases: tuple[tuple[str, str], ...] = ()
+    buffers: tuple[str, ...] = ()
     deviations: tuple[float, ...] = ()
     warnings: tuple[str, ...] = ()
     graph: object = field(default=None, compare=False, repr=False)
@@ -231,6 +233,7 @@ class SymmetrySpec:
                 "groups": [asdict(g) for g in self.groups],
                 "layouts": [[p, [_tree_to_json(t) for t in dims]] for p, dims in self.layouts],
                 "aliases": [list(a) for a in self.aliases],
+                "buffers": list(self.buffers),
                 "deviations": list(self.deviations),
                 "warnings": list(self.warnings),
             }
@@ -260,6 +263,7 @@ class SymmetrySpec:
             groups=groups,
             layouts=layouts,
             aliases=tuple(tuple(a) for a in d["aliases"]),
+            buffers=tuple(d.get("buffers", ())),
             deviations=tuple(d["deviations"]),
             warnings=tuple(d["warnings"]),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -92,12 +93,8 @@ def verify_candidates(
 
 
 def _replace(spec: SymmetrySpec, groups, aliases, devs) -> SymmetrySpec:
-    return SymmetrySpec(
-        groups=tuple(groups),
-        layouts=spec.layouts,
-        aliases=tuple(aliases),
-        deviations=tuple(devs),
-        warnings=spec.warnings,
+    return dataclasses.replace(
+        spec, groups=tuple(groups), aliases=tuple(aliases), deviations=tuple(devs)
     )
 
 

@@ -175,7 +175,10 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     groups = [g for g in groups if not (g.kind in ("scaling", "sign") and g.cls in gl_index)]
     groups.extend(_translations(ctx, st, traced, state_keys, layouts))
     groups, layouts = _renumber(groups, layouts)
-    return SymmetrySpec(groups=tuple(groups), layouts=tuple(layouts), warnings=tuple(ctx.warnings))
+    buffers = tuple(state_keys[ph] for ph in traced.buffers)
+    return SymmetrySpec(
+        groups=tuple(groups), layouts=tuple(layouts), buffers=buffers, warnings=tuple(ctx.warnings)
+    )
 
 
 def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list]:

@@ -1,0 +1,179 @@
+"""Offline datasets as tensors: procedural mnist1d and scikit-learn's digits.
+
+Nothing here downloads. mnist1d comes from the ``mnist1d`` package's procedural
+generator (``mnist1d.data.make_dataset``), scikit-learn bundles the digits with
+the package.
+
+* ``mnist1d``: inputs ``(N, 40)``, 4000 train / 1000 test, from the generator.
+* ``mnist1d-seq``: the same, as 10 patches of 4 features, ``(N, 10, 4)``.
+* ``digits``: images ``(N, 1, 8, 8)`` in [0, 1], 1437 train / 360 test.
+
+Inputs are float32, labels int64 in ``0..9``.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from wsym.errors import WsymInputError
+
+NAMES = ("mnist1d", "mnist1d-seq", "digits")
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A classification dataset held in memory, split into train and test.
+
+    Attributes:
+        x_train: training inputs, float32, ``(N, ...)``.
+        y_train: training labels, int64, ``(N,)``.
+        x_test: test inputs, float32, ``(M, ...)``.
+        y_test: test labels, int64, ``(M,)``.
+        name: the name it was loaded under.
+
+    Example:
+        >>> data = load("digits")
+        >>> inputs, targets = next(data.batches("test", 32))
+        >>> inputs.shape, targets.dtype
+        (torch.Size([32, 1, 8, 8]), torch.int64)
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    name: str = ""
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes, ``max label + 1`` over both splits."""
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+    def split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(inputs, labels)`` of ``"train"`` or ``"test"``."""
+        if split not in SPLITS:
+            raise WsymInputError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+        if split == "train":
+            return self.x_train, self.y_train
+        return self.x_test, self.y_test
+
+    def batches(
+        self,
+        split: str = "train",
+        batch_size: int = 128,
+        seed: int | None = None,
+        shuffle: bool = False,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Minibatches ``(inputs, targets)`` of one split; the last may be smaller.
+
+        Args:
+            split: ``"train"`` or ``"test"``.
+            batch_size: examples per batch.
+            seed: seed of the shuffling order (a private generator, so global
+                RNG state is untouched); ``None`` draws it from torch's global
+                RNG. Ignored unless ``shuffle``.
+            shuffle: visit the examples in a random order instead of in order.
+
+        Yields:
+            ``(inputs, targets)`` with leading dimension ``<= batch_size``.
+        """
+        x, y = self.split(split)
+        if batch_size < 1:
+            raise WsymInputError(f"batch_size must be positive, got {batch_size}")
+        n = len(y)
+        if shuffle:
+            gen = None if seed is None else torch.Generator().manual_seed(seed)
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, batch_size):
+                idx = order[start : start + batch_size]
+                yield x[idx], y[idx]
+        else:
+            for start in range(0, n, batch_size):
+                yield x[start : start + batch_size], y[start : start + batch_size]
+
+
+def load(name: str, seed: int = 0) -> Dataset:
+    """Load a dataset by name (see the module table); nothing is downloaded.
+
+    Args:
+        name: one of ``"mnist1d"``, ``"mnist1d-seq"``, ``"digits"``.
+        seed: for mnist1d, the seed of its procedural generator (the published
+            mnist1d uses 42); for digits, the seed of the 80/20 train/test split.
+
+    Returns:
+        A :class:`Dataset` with fresh tensors (safe to modify).
+
+    Example:
+        >>> load("digits").x_train.shape
+        torch.Size([1437, 1, 8, 8])
+    """
+    if name == "mnist1d":
+        return _from_numpy(*_mnist1d(seed), name=name)
+    if name == "mnist1d-seq":
+        x_train, y_train, x_test, y_test = _mnist1d(seed)
+        return _from_numpy(
+            x_train.reshape(-1, 10, 4), y_train, x_test.reshape(-1, 10, 4), y_test, name=name
+        )
+    if name == "digits":
+        return _from_numpy(*_digits(seed), name=name)
+    raise WsymInputError(f"unknown dataset {name!r}; available: {', '.join(NAMES)}")
+
+
+def _from_numpy(x_train, y_train, x_test, y_test, name: str) -> Dataset:
+    def inputs(a):
+        return torch.tensor(a, dtype=torch.float32)
+
+    def labels(a):
+        return torch.tensor(a, dtype=torch.int64)
+
+    return Dataset(inputs(x_train), labels(y_train), inputs(x_test), labels(y_test), name=name)
+
+
+@functools.lru_cache(maxsize=8)
+def _mnist1d(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Generate mnist1d (5000 examples, 80/20 split); a few seconds, hence cached.
+
+    The generator seeds Python's and numpy's global RNGs; their states are restored.
+    """
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.seed = seed
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        data = make_dataset(args)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    arrays = data["x"], data["y"], data["x_test"], data["y_test"]
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 digits as ``(1797, 1, 8, 8)`` in [0, 1] and labels, read-only."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x, y = (digits.images / 16.0)[:, None], digits.target
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+def _digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The digits split 80/20 by a seeded permutation."""
+    x, y = _digits_raw()
+    order = np.random.default_rng(seed).permutation(len(y))
+    n_train = int(0.8 * len(y))
+    train, test = order[:n_train], order[n_train:]
+    return x[train], y[train], x[test], y[test]

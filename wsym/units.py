@@ -1,0 +1,117 @@
+"""Reading a state dict class by class: the slices of every unit of an atom class.
+
+A class (a hidden layer's neurons, a head's query/key features) appears in
+several tensors, possibly inside products and concatenations of axes. These
+helpers gather, for one class, a matrix with one row per unit (``unit_matrix``)
+or, for GL/orthogonal groups, one ``(rows, h)`` matrix per index value and
+parity (``block_matrices``), in a fixed order that depends only on the spec.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wsym.act import transform
+from wsym.spec import Group, Leaf, SymmetrySpec, leaves
+
+
+def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:
+    """State-dict keys with an axis in class ``cls`` (parameters only by default)."""
+    skip = set() if with_buffers else set(spec.buffers)
+    return [
+        p
+        for p, dims in spec.layouts
+        if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
+    ]
+
+
+def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
+    out = []
+
+    def grab(block, lv):
+        out.append((block, list(lv)))
+        return block
+
+    transform(t, list(trees), grab)
+    return out
+
+
+def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
+    """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
+    layout = spec.layout
+    cols = []
+    for p in class_params(spec, cls, with_buffers):
+        for block, lv in _blocks(sd[p], layout[p]):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
+            if axes:
+                cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
+    return torch.cat(cols, dim=1)
+
+
+def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torch.Tensor]:
+    """GL/orthogonal group: ``{parity: (*index, rows, h)}`` over all its parameter blocks.
+
+    Blocks that hold the class axis twice are left out (their rows are not a
+    plain stack of vectors transforming alike).
+    """
+    layout = spec.layout
+    parts: dict[int, list] = {0: [], 1: []}
+    for p in class_params(spec, group.cls):
+        for block, lv in _blocks(sd[p], layout[p]):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+            if len(axes) != 1:
+                continue
+            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
+            moved = block.movedim([*idx, axes[0]], [*range(len(idx)), block.ndim - 1])
+            lead = moved.shape[: len(idx)]
+            parts[lv[axes[0]].parity].append(moved.reshape(*lead, -1, group.size))
+    return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
+
+
+def unit_sums(
+    spec: SymmetrySpec, sd: dict, group: Group, power: int = 2
+) -> dict[int, torch.Tensor]:
+    """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
+    exps = dict(group.exponents)
+    layout = spec.layout
+    out: dict[int, torch.Tensor] = {}
+    for p in class_params(spec, group.cls):
+        for block, lv in _blocks(sd[p], layout[p]):
+            for ax, leaf in enumerate(lv):
+                e = exps.get(leaf.var, 0)
+                if leaf.cls == group.cls and e:
+                    rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
+                    rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
+                    out[e] = out.get(e, 0) + rows
+    return out
+
+
+def odd_rows(
+    spec: SymmetrySpec, sd: dict, group: Group, pending=frozenset()
+) -> torch.Tensor | None:
+    """Sign group: ``(n, features)`` of the entries a flip of each unit negates.
+
+    Blocks that also hold an axis of a class in ``pending`` (whose own sign
+    convention is not fixed yet) are left out; None if no block is left.
+    """
+    exps = dict(group.exponents)
+    layout = spec.layout
+    cols = []
+    for p in class_params(spec, group.cls):
+        for block, lv in _blocks(sd[p], layout[p]):
+            if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
+                continue
+            for ax, leaf in enumerate(lv):
+                if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
+                    cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
+    return torch.cat(cols, dim=1) if cols else None
+
+
+def block_classes(spec: SymmetrySpec, group: Group) -> set[int]:
+    """Classes that share a parameter block with ``group``'s class."""
+    out = set()
+    for p in class_params(spec, group.cls):
+        for _, lv in _blocks(torch.zeros(tuple(t.size for t in spec.layout[p])), spec.layout[p]):
+            if any(leaf.cls == group.cls for leaf in lv):
+                out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
+    return out
