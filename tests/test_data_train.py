@@ -58,7 +58,7 @@ def test_unknown_names():
     with pytest.raises(WsymInputError, match="available: mnist1d"):
         load("cifar10")
     with pytest.raises(WsymInputError, match="unknown split"):
-        next(load("digits").batches("val"))
+        load("digits").batches("val")
 
 
 def test_batches_cover_split_once():

@@ -1,10 +1,11 @@
 """wsym: symmetry-aware weight-space toolkit for PyTorch."""
 
 from wsym.act import GroupElement
+from wsym.align import align
 from wsym.canon import canonicalize
 from wsym.detect import detect
 from wsym.spec import Group, SymmetrySpec
 
 __version__ = "0.1.0"
 
-__all__ = ["Group", "GroupElement", "SymmetrySpec", "canonicalize", "detect"]
+__all__ = ["Group", "GroupElement", "SymmetrySpec", "align", "canonicalize", "detect"]

@@ -81,26 +81,22 @@ class Dataset:
                 RNG. Ignored unless ``shuffle``.
             shuffle: visit the examples in a random order instead of in order.
 
-        Yields:
-            ``(inputs, targets)`` with leading dimension ``<= batch_size``.
+        Returns:
+            An iterator of ``(inputs, targets)`` with leading dimension
+            ``<= batch_size``; the order is drawn when this is called.
         """
         x, y = self.split(split)
         if batch_size < 1:
             raise WsymInputError(f"batch_size must be positive, got {batch_size}")
-        n = len(y)
+        order = None
         if shuffle:
             gen = None if seed is None else torch.Generator().manual_seed(seed)
-            order = torch.randperm(n, generator=gen)
-            for start in range(0, n, batch_size):
-                idx = order[start : start + batch_size]
-                yield x[idx], y[idx]
-        else:
-            for start in range(0, n, batch_size):
-                yield x[start : start + batch_size], y[start : start + batch_size]
+            order = torch.randperm(len(y), generator=gen)
+        return _minibatches(x, y, batch_size, order)
 
 
 def load(name: str, seed: int = 0) -> Dataset:
-    """Load a dataset by name (see the module table); nothing is downloaded.
+    """Load a dataset by name (see the module docstring); nothing is downloaded.
 
     Args:
         name: one of ``"mnist1d"``, ``"mnist1d-seq"``, ``"digits"``.
@@ -124,6 +120,17 @@ def load(name: str, seed: int = 0) -> Dataset:
     if name == "digits":
         return _from_numpy(*_digits(seed), name=name)
     raise WsymInputError(f"unknown dataset {name!r}; available: {', '.join(NAMES)}")
+
+
+def _minibatches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, order: torch.Tensor | None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for start in range(0, len(y), batch_size):
+        if order is None:
+            yield x[start : start + batch_size], y[start : start + batch_size]
+        else:
+            idx = order[start : start + batch_size]
+            yield x[idx], y[idx]
 
 
 def _from_numpy(x_train, y_train, x_test, y_test, name: str) -> Dataset:

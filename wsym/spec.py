@@ -145,6 +145,8 @@ class SymmetrySpec:
         layouts: ``(param, (tree per dim, ...))`` pairs for every state-dict entry.
         aliases: ``(alias, param)`` pairs for tied parameters.
         buffers: state-dict keys that are buffers (running statistics), not parameters.
+        sites: ``(class, node, dim)``: a traced activation whose axis ``dim`` is the class
+            (for activation matching; node names of :func:`wsym.graph.trace`).
         deviations: verified largest relative output change, per group.
         warnings: operations that blocked symmetries, candidates dropped.
     """
@@ -153,6 +155,7 @@ class SymmetrySpec:
     layouts: tuple[tuple[str, tuple], ...]
     aliases: tuple[tuple[str, str], ...] = ()
     buffers: tuple[str, ...] = ()
+    sites: tuple[tuple[int, str, int], ...] = ()
     deviations: tuple[float, ...] = ()
     warnings: tuple[str, ...] = ()
     graph: object = field(default=None, compare=False, repr=False)
@@ -234,6 +237,7 @@ class SymmetrySpec:
                 "layouts": [[p, [_tree_to_json(t) for t in dims]] for p, dims in self.layouts],
                 "aliases": [list(a) for a in self.aliases],
                 "buffers": list(self.buffers),
+                "sites": [list(x) for x in self.sites],
                 "deviations": list(self.deviations),
                 "warnings": list(self.warnings),
             }
@@ -264,6 +268,7 @@ class SymmetrySpec:
             layouts=layouts,
             aliases=tuple(tuple(a) for a in d["aliases"]),
             buffers=tuple(d.get("buffers", ())),
+            sites=tuple(tuple(x) for x in d.get("sites", ())),
             deviations=tuple(d["deviations"]),
             warnings=tuple(d["warnings"]),
         )

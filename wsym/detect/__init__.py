@@ -64,7 +64,8 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
         if a in placeholder and k in placeholder
     ]
     ctx = analyze(traced, ties)
-    spec = solve(ctx, traced, state_keys)
+    saved = set(model.state_dict())  # non-persistent buffers (rotary tables) are not state
+    spec = solve(ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved})
     keys = set(state_keys.values())
     aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:

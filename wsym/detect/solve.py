@@ -153,7 +153,11 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     param_vars: dict = {}  # occurrence key -> leaf class, for state-dict entries
     for ph, key in state_keys.items():
         lay = ctx.layouts[ph]
-        dims = tuple(Split("prod", tuple(st.tree(a, var_ids) for a in dim)) for dim in lay)
+        shape = tuple(_node(traced, ph).meta["val"].shape)
+        dims = tuple(
+            Split("prod", tuple(st.tree(a, var_ids) for a in dim)) if n else Split("cat", ())
+            for dim, n in zip(lay, shape, strict=True)
+        )
         layouts.append((key, dims))
         for dim in lay:
             for a in dim:
@@ -174,14 +178,45 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     gl_index = {c for g in groups if g.kind == "gl" for c in g.index}
     groups = [g for g in groups if not (g.kind in ("scaling", "sign") and g.cls in gl_index)]
     groups.extend(_translations(ctx, st, traced, state_keys, layouts))
-    groups, layouts = _renumber(groups, layouts)
-    buffers = tuple(state_keys[ph] for ph in traced.buffers)
+    sites = _activation_sites(ctx, st, traced)
+    groups, layouts, ids = _renumber(groups, layouts)
+    buffers = tuple(state_keys[ph] for ph in traced.buffers if ph in state_keys)
+    sites = tuple(sorted((ids[c], name, d) for c, (name, d) in sites.items() if c in ids))
     return SymmetrySpec(
-        groups=tuple(groups), layouts=tuple(layouts), buffers=buffers, warnings=tuple(ctx.warnings)
+        groups=tuple(groups),
+        layouts=tuple(layouts),
+        buffers=buffers,
+        sites=sites,
+        warnings=tuple(ctx.warnings),
     )
 
 
-def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list]:
+def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
+    """Per leaf class, the activation with the most samples whose axis is exactly that class."""
+    best: dict = {}
+    for node in traced.graph.nodes:
+        lay = ctx.layouts.get(node.name)
+        val = node.meta.get("val")
+        if node.op != "call_function" or not isinstance(lay, list) or not hasattr(val, "shape"):
+            continue
+        if not val.dtype.is_floating_point:
+            continue
+        for d, dim in enumerate(lay):
+            if len(dim) != 1 or isinstance(dim[0], Dep):
+                continue
+            found = st.leaves(dim[0])
+            if len(found) == 1 and st.atoms.size[found[0][1]] == val.shape[d]:
+                cls, numel = found[0][1], val.numel()
+                if cls not in best or numel >= best[cls][0]:
+                    best[cls] = (numel, node.name, d)
+    return {c: (name, d) for c, (_, name, d) in best.items()}
+
+
+def _node(traced: Traced, name: str):
+    return next(n for n in traced.graph.nodes if n.name == name)
+
+
+def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list, dict]:
     """Number classes 0, 1, ... in state-dict order; order groups by their first parameter."""
     ids: dict[int, int] = {}
     for _, dims in layouts:
@@ -207,7 +242,7 @@ def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list]:
             new_groups.append(replace(g, cls=ids[g.cls], index=tuple(ids[c] for c in g.index)))
     kinds = ("gl", "orthogonal", "permutation", "scaling", "norm_scaling", "sign", "translation")
     new_groups.sort(key=lambda g: (order[g.params[0]], g.cls, kinds.index(g.kind)))
-    return new_groups, new_layouts
+    return new_groups, new_layouts, ids
 
 
 def _relation_rows(ctx: Context, st: Structure) -> dict:

@@ -173,4 +173,5 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
         parameters=dict(sig.inputs_to_parameters),
         buffers=dict(sig.inputs_to_buffers),
         inputs=tuple(sig.user_inputs),
+        program=ep,
     )

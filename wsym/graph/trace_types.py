@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,9 +16,11 @@ class Traced:
         parameters: placeholder name -> state-dict key, for parameters.
         buffers: placeholder name -> state-dict key, for buffers.
         inputs: placeholder names of the user inputs.
+        program: the ``torch.export.ExportedProgram`` (None for the fallback tracer).
     """
 
     graph: torch.fx.Graph
     parameters: dict[str, str]
     buffers: dict[str, str]
     inputs: tuple[str, ...]
+    program: object = field(default=None, compare=False, repr=False)
