@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cases import BY_NAME  # noqa: E402
 
 import wsym  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each
+    torch.set_num_threads(1)
 
 _SPECS: dict = {}
 
