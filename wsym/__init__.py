@@ -3,9 +3,21 @@
 from wsym.act import GroupElement
 from wsym.align import align
 from wsym.canon import canonicalize
+from wsym.connectivity import Curve, interpolate
 from wsym.detect import detect
+from wsym.merge import merge
 from wsym.spec import Group, SymmetrySpec
 
 __version__ = "0.1.0"
 
-__all__ = ["Group", "GroupElement", "SymmetrySpec", "align", "canonicalize", "detect"]
+__all__ = [
+    "Curve",
+    "Group",
+    "GroupElement",
+    "SymmetrySpec",
+    "align",
+    "canonicalize",
+    "detect",
+    "interpolate",
+    "merge",
+]

@@ -1,0 +1,109 @@
+"""Linear mode connectivity: loss and accuracy along the segment between two checkpoints."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+from torch.func import functional_call
+
+from wsym.graph.trace import eval_mode, model_inputs
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Loss (and accuracy) at ``alphas`` along ``(1 - a) sd_a + a sd_b``.
+
+    ``barrier`` is the largest excess of the loss over the straight line between
+    the endpoint losses; ``accuracy_barrier`` the largest accuracy deficit.
+    """
+
+    alphas: tuple[float, ...]
+    losses: tuple[float, ...]
+    accuracies: tuple[float, ...]
+    barrier: float
+    accuracy_barrier: float
+
+    def to_json(self) -> str:
+        """The curve as JSON."""
+        return json.dumps(asdict(self))
+
+    def plot(
+        self, path, title: str = "", other: Curve | None = None, labels=("curve", "other")
+    ) -> None:
+        """Write a PNG of the loss (and accuracy) along the path, optionally beside ``other``."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(9, 3.4))
+        for curve, label in ((self, labels[0]), (other, labels[1])):
+            if curve is None:
+                continue
+            ax_l.plot(
+                curve.alphas,
+                curve.losses,
+                marker="o",
+                label=f"{label} (barrier {curve.barrier:.3f})",
+            )
+            ax_a.plot(curve.alphas, curve.accuracies, marker="o", label=label)
+        ax_l.set(xlabel="interpolation α", ylabel="loss", title=title or "loss along the path")
+        ax_a.set(xlabel="interpolation α", ylabel="accuracy", title="accuracy")
+        ax_l.legend()
+        ax_a.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def interpolate(
+    model: torch.nn.Module, sd_a: dict, sd_b: dict, batches, loss_fn, steps: int = 11
+) -> Curve:
+    """Evaluate ``model`` at ``steps`` points of the segment from ``sd_a`` to ``sd_b``.
+
+    Args:
+        model: the module whose state dicts these are.
+        sd_a: the start of the segment.
+        sd_b: its end (typically aligned to ``sd_a`` first).
+        batches: iterable of ``(inputs, targets)``.
+        loss_fn: ``loss_fn(outputs, targets)`` -> mean loss of the batch.
+        steps: number of points, endpoints included.
+    """
+    batches = list(batches)
+    alphas = [i / (steps - 1) for i in range(steps)]
+    losses, accuracies = [], []
+    for a in alphas:
+        sd = {
+            k: ((1 - a) * v.to(torch.float64) + a * sd_b[k].to(torch.float64)).to(v.dtype)
+            if v.is_floating_point()
+            else v
+            for k, v in sd_a.items()
+        }
+        loss, acc = _evaluate(model, sd, batches, loss_fn)
+        losses.append(loss)
+        accuracies.append(acc)
+    line = [(1 - a) * losses[0] + a * losses[-1] for a in alphas]
+    acc_line = [(1 - a) * accuracies[0] + a * accuracies[-1] for a in alphas]
+    return Curve(
+        alphas=tuple(alphas),
+        losses=tuple(losses),
+        accuracies=tuple(accuracies),
+        barrier=max(loss - b for loss, b in zip(losses, line, strict=True)),
+        accuracy_barrier=max(b - c for c, b in zip(accuracies, acc_line, strict=True)),
+    )
+
+
+def _evaluate(model, state_dict, batches, loss_fn) -> tuple[float, float]:
+    total, loss_sum, correct = 0, 0.0, 0
+    with torch.no_grad(), eval_mode(model):
+        for inputs, targets in batches:
+            args, kwargs = model_inputs(model, inputs)
+            out = functional_call(model, state_dict, args, kwargs)
+            n = targets.shape[0]
+            loss_sum += float(loss_fn(out, targets)) * n
+            if out.ndim == 2 and not targets.is_floating_point():
+                correct += int((out.argmax(-1) == targets).sum())
+            total += n
+    return loss_sum / total, correct / total
