@@ -71,5 +71,5 @@ def test_each_group_verifies_alone(detected, name):
     model, inputs, spec = detected(name)
     report = spec.verify(model, inputs)
     assert report.ok, [
-        (g.notation, g.params[:2], d) for g, d in zip(spec.groups, report.deviations)
+        (g.notation, g.params[:2], d) for g, d in zip(spec.groups, report.deviations, strict=True)
     ]
