@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.nn.utils.stateless import _reparametrize_module
 
 from wsym.errors import WsymInputError
 from wsym.graph.trace import model_inputs, trace
@@ -23,8 +24,9 @@ class _Capture(torch.fx.Interpreter):
 def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -> dict:
     """``{(node, dim): (samples, units)}`` float64 activations over all ``batches``.
 
-    The model is traced on the first batch; every other axis of a site counts as
-    samples (batch, positions, and feature axes of canonicalized blocks).
+    The model is traced on the first batch (batches of other shapes are skipped);
+    every other axis of a site counts as samples (batch, positions, and feature
+    axes of canonicalized blocks). The model itself is not modified.
     """
     batches = list(batches)
     if not batches:
@@ -36,14 +38,18 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
         raise WsymInputError(
             "activation matching needs a model torch.export can trace; use method='weights'"
         )
-    gm = traced.program.module()
-    params = {k: v for k, v in state_dict.items() if v.is_floating_point()}
-    gm = gm.to(torch.float64)
-    gm.load_state_dict({k: v.to(torch.float64) for k, v in params.items()}, strict=False)
+    gm = traced.program.module()  # shares the model's tensors: swap them in, never modify them
+    state = {
+        k: v.detach().to(torch.float64) if v.is_floating_point() else v
+        for k, v in state_dict.items()
+    }
     wanted = {node for node, _ in sites}
     out: dict = {site: [] for site in sites}
-    with torch.no_grad():
+    shape = _shapes(batches[0][0])
+    with torch.no_grad(), _reparametrize_module(gm, state, strict=False):
         for inputs, _ in batches:
+            if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
+                continue
             args, kwargs = model_inputs(model, inputs)
             args = tuple(
                 a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
@@ -54,3 +60,13 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
                 x = interp.seen[node]
                 out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
     return {site: torch.cat(v) for site, v in out.items()}
+
+
+def _shapes(inputs) -> list[tuple[int, ...]]:
+    if isinstance(inputs, dict):
+        leaves = list(inputs.values())
+    elif isinstance(inputs, tuple | list):
+        leaves = list(inputs)
+    else:
+        leaves = [inputs]
+    return [tuple(x.shape) for x in leaves if torch.is_tensor(x)]

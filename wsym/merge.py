@@ -67,8 +67,13 @@ def merge(
 
 
 def reset_batchnorm_stats(model: torch.nn.Module, state_dict: dict, batches) -> dict:
-    """``state_dict`` with every BatchNorm's running statistics recomputed on ``batches``."""
-    net = copy.deepcopy(model)
+    """``state_dict`` with every BatchNorm's running statistics recomputed on ``batches``.
+
+    The statistics are computed in the state dict's floating dtype; every other
+    entry is returned as it is.
+    """
+    dtype = next(v.dtype for v in state_dict.values() if v.is_floating_point())
+    net = copy.deepcopy(model).to(dtype)
     net.load_state_dict(state_dict)
     norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     for m in norms:
@@ -78,5 +83,15 @@ def reset_batchnorm_stats(model: torch.nn.Module, state_dict: dict, batches) -> 
     with torch.no_grad():
         for inputs, _ in batches:
             args, kwargs = model_inputs(net, inputs)
+            args = tuple(
+                a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+            )
             net(*args, **kwargs)
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    stats = {
+        f"{name}.{stat}": getattr(m, stat).detach().clone()
+        for name, m in net.named_modules()
+        if m in norms
+        for stat in ("running_mean", "running_var", "num_batches_tracked")
+        if getattr(m, stat, None) is not None
+    }
+    return {**state_dict, **{k: v for k, v in stats.items() if k in state_dict}}

@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from wsym.cli import checkpoints
+from wsym.cli.common import EXIT_ERROR, EXIT_INPUT, EXIT_OK, add_command
 from wsym.errors import WsymInputError
 
-EXIT_OK, EXIT_ERROR, EXIT_INPUT = 0, 1, 2
 GRAPH_SUFFIXES = (".graphml", ".json")
 
 #: Architectures ``wsym demo`` runs detection on: (model spec, config, input shape).
@@ -42,6 +43,14 @@ examples:
 
 model specs: torchvision:NAME, timm:NAME, hf:MODEL_TYPE, wsym:NAME, package.module:factory_fn
 """
+_MAIN_EXAMPLE = """\
+examples:
+  wsym detect --model torchvision:resnet18 --input 1,3,64,64
+  wsym align --model wsym:mlp --config d_in=40 --input 8,40 a.pt b.pt --out b.aligned.pt
+  wsym barrier --model wsym:mlp --config d_in=40 a.pt b.pt --data mnist1d --out barrier/
+
+run 'wsym COMMAND --help' for a command's options
+"""
 _DEMO_EXAMPLE = """\
 example:
   wsym demo
@@ -53,14 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wsym",
         description="Symmetry-aware weight-space toolkit for PyTorch.",
-        epilog="example:\n  wsym detect --model torchvision:resnet18 --input 1,3,64,64\n\n"
-        "run 'wsym COMMAND --help' for a command's options",
+        epilog=_MAIN_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    detect = _add_command(
+    detect = add_command(
         commands, "detect", "detect a model's parameter-space symmetries", _DETECT_EXAMPLE
     )
     detect.add_argument("--model", required=True, metavar="SPEC", help="model spec to build")
@@ -77,26 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     detect.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
     detect.set_defaults(handler=run_detect)
+    checkpoints.add_commands(commands)
 
-    demo = _add_command(
+    demo = add_command(
         commands, "demo", "detect symmetries of a few bundled architectures", _DEMO_EXAMPLE
     )
     demo.set_defaults(handler=run_demo)
     return parser
-
-
-def _add_command(commands: Any, name: str, summary: str, epilog: str) -> argparse.ArgumentParser:
-    command = commands.add_parser(
-        name,
-        help=summary,
-        description=summary[0].upper() + summary[1:] + ".",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    command.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
-    )
-    return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -167,12 +167,20 @@ def save_state_dict(
             save_file(tensors, tmp_name, metadata=dict(metadata) if metadata else None)
         else:
             torch.save(tensors, tmp_name)
+        os.chmod(tmp_name, new_file_mode())  # mkstemp's 0600, not what the umask gives
         with open(tmp_name, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """Permissions of a newly created file under the current umask (``0o644`` for umask 022)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _detached(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -196,13 +204,16 @@ def _detached(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def check_compatible(
-    model_state: Mapping[str, torch.Tensor], loaded_state: Mapping[str, torch.Tensor]
+    model_state: Mapping[str, torch.Tensor],
+    loaded_state: Mapping[str, torch.Tensor],
+    source: str | os.PathLike[str] | None = None,
 ) -> None:
     """Check that a loaded state dict fits a model's state dict key for key.
 
     Args:
         model_state: The model's own ``state_dict()``.
         loaded_state: The state dict read from a checkpoint.
+        source: The checkpoint's path, named in the error message.
 
     Raises:
         WsymInputError: One line listing (a few of) the missing keys, the
@@ -233,10 +244,45 @@ def check_compatible(
         if items
     ]
     if problems:
+        name = f"checkpoint {source}" if source is not None else "checkpoint"
         raise WsymInputError(
-            f"checkpoint does not fit the model: {', '.join(problems)}; "
+            f"{name} does not fit the model: {', '.join(problems)}; "
             "build the model with the config the checkpoint was saved from"
         )
+
+
+def check_finite(
+    state_dict: Mapping[str, torch.Tensor], source: str | os.PathLike[str] | None = None
+) -> None:
+    """Check that every floating-point tensor of a state dict is free of NaN and infinity.
+
+    Args:
+        state_dict: Mapping from name to tensor.
+        source: The checkpoint's path, named in the error message.
+
+    Raises:
+        WsymInputError: One line naming the first tensor with non-finite entries.
+
+    Example:
+        >>> import torch
+        >>> check_finite({"w": torch.ones(2)})
+        >>> check_finite({"w": torch.tensor([1.0, float("nan")])}, "w.pt")
+        Traceback (most recent call last):
+        ...
+        wsym.errors.WsymInputError: checkpoint w.pt has NaN values in tensor 'w' (1 of 2 entries); use a checkpoint from before the training run diverged
+    """  # noqa: E501
+    for key, value in state_dict.items():
+        if not (value.is_floating_point() or value.is_complex()):
+            continue
+        bad = ~torch.isfinite(value)
+        count = int(bad.sum())
+        if count:
+            kind = "NaN" if bool(torch.isnan(value).any()) else "infinite"
+            name = f"checkpoint {source}" if source is not None else "checkpoint"
+            raise WsymInputError(
+                f"{name} has {kind} values in tensor {key!r} ({count} of {value.numel()} "
+                "entries); use a checkpoint from before the training run diverged"
+            )
 
 
 def _listing(items: list[str]) -> str:

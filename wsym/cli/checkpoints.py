@@ -1,0 +1,312 @@
+"""``wsym canon``, ``align``, ``merge`` and ``barrier``: checkpoints modulo symmetries.
+
+Each builds the model from ``--model``/``--config`` (as ``wsym detect``), checks
+every checkpoint against it, detects the spec (or reads ``--spec``), and calls
+the Python API. Outputs are written only when the whole command succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from wsym.cli.common import EXIT_OK, add_command
+from wsym.cli.prepare import (
+    add_data_options,
+    add_model_options,
+    batches,
+    check_out_dir,
+    check_state_dict_out,
+    l2_distance,
+    matching_batches,
+    prepare,
+    write_files,
+)
+from wsym.errors import WsymInputError
+
+METHODS = ("weights", "activations")
+_CANON_EXAMPLE = """\
+examples:
+  wsym canon --model wsym:mlp --config d_in=40 --input 8,40 a.safetensors --out a.canon.safetensors
+  wsym canon --model torchvision:resnet18 --spec resnet18.json net.pt --out canon.pt
+"""
+_ALIGN_EXAMPLE = """\
+examples:
+  wsym align --model wsym:mlp --config d_in=40 --input 8,40 a.pt b.pt --out b.aligned.pt
+  wsym align --model wsym:mlp --config d_in=40 a.pt b.pt --out b.aligned.pt \\
+      --method activations --data mnist1d --json
+"""
+_MERGE_EXAMPLE = """\
+examples:
+  wsym merge --model wsym:mlp --config d_in=40 --input 8,40 a.pt b.pt c.pt --out merged.pt
+  wsym merge --model wsym:cnn --input 8,1,8,8 a.pt b.pt --out merged.pt \\
+      --method activations --data digits --reset-batchnorm
+"""
+_BARRIER_EXAMPLE = """\
+examples:
+  wsym barrier --model wsym:mlp --config d_in=40 a.pt b.pt --data mnist1d --out barrier/
+  wsym barrier --model wsym:cnn --config channels=8 a.pt b.pt --data digits \\
+      --align activations --steps 21 --out barrier/ --json
+
+writes DIR/barrier.png (naive and aligned curves) and DIR/barrier.json
+"""
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``canon``, ``align``, ``merge`` and ``barrier`` to the ``wsym`` parser."""
+    canon = add_command(commands, "canon", "write a checkpoint's canonical form", _CANON_EXAMPLE)
+    add_model_options(canon)
+    canon.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint to canonicalize")
+    _add_out(canon)
+    canon.set_defaults(handler=run_canon)
+
+    align = add_command(
+        commands, "align", "move a checkpoint onto a reference's basis", _ALIGN_EXAMPLE
+    )
+    add_model_options(align)
+    align.add_argument("reference", metavar="REF", help="reference checkpoint")
+    align.add_argument("other", metavar="OTHER", help="checkpoint to move onto REF")
+    _add_out(align)
+    _add_method(align)
+    add_data_options(align, "train", "for activation matching")
+    align.set_defaults(handler=run_align)
+
+    merge = add_command(
+        commands, "merge", "average checkpoints after aligning them", _MERGE_EXAMPLE
+    )
+    add_model_options(merge)
+    merge.add_argument(
+        "checkpoints", nargs="+", metavar="CHECKPOINT", help="two or more; the first is the basis"
+    )
+    _add_out(merge)
+    _add_method(merge)
+    add_data_options(merge, "train", "for activation matching and --reset-batchnorm")
+    merge.add_argument(
+        "--reset-batchnorm",
+        action="store_true",
+        help="recompute BatchNorm running statistics of the merge on --data",
+    )
+    merge.set_defaults(handler=run_merge)
+
+    barrier = add_command(
+        commands,
+        "barrier",
+        "loss barrier between two checkpoints, naive and aligned",
+        _BARRIER_EXAMPLE,
+    )
+    add_model_options(barrier)
+    barrier.add_argument("a", metavar="A", help="start of the path")
+    barrier.add_argument("b", metavar="B", help="end of the path (aligned to A first)")
+    barrier.add_argument("--out", required=True, metavar="DIR", help="directory for the results")
+    barrier.add_argument(
+        "--align",
+        choices=(*METHODS, "none"),
+        default="weights",
+        help="how to align B to A before the second curve (default weights)",
+    )
+    barrier.add_argument("--steps", type=int, default=11, help="points on the path (default 11)")
+    add_data_options(
+        barrier, "test", "to evaluate the loss on (activations match on train)", required=True
+    )
+    barrier.set_defaults(handler=run_barrier)
+
+
+def _add_out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", required=True, metavar="FILE", help="output checkpoint (.safetensors/.pt)"
+    )
+
+
+def _add_method(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--method", choices=METHODS, default="weights", help="alignment method (default weights)"
+    )
+
+
+def run_canon(args: argparse.Namespace) -> int:
+    """``wsym canon``: the canonical representative of a checkpoint's orbit."""
+    import wsym
+    from wsym.io import save_state_dict
+
+    out = check_state_dict_out(args.out)
+    job = prepare(args, [args.checkpoint])
+    canon = wsym.canonicalize(job.states[0], job.spec)
+    save_state_dict(canon, out)
+    moved = l2_distance(job.states[0], canon)
+    report = {"checkpoint": args.checkpoint, "out": str(out), "groups": len(job.spec.groups)}
+    text = f"canonical form ({len(job.spec.groups)} groups, moved by {moved:.6g}) written to {out}"
+    _print(args, {**report, "moved": moved}, text)
+    return EXIT_OK
+
+
+def run_align(args: argparse.Namespace) -> int:
+    """``wsym align``: OTHER moved onto REF's basis; prints the distance before and after."""
+    import wsym
+    from wsym.io import save_state_dict
+
+    out = check_state_dict_out(args.out)
+    _need_data(args, args.method == "activations", "--method activations")
+    job = prepare(args, [args.reference, args.other])
+    ref, other = job.states
+    data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
+    model = _scratch(job.model, args.method)
+    aligned = wsym.align(
+        ref, other, job.spec, args.method, model=model, batches=data, seed=args.seed
+    )
+    save_state_dict(aligned, out)
+    before, after = l2_distance(ref, other), l2_distance(ref, aligned)
+    report = {
+        "reference": args.reference,
+        "other": args.other,
+        "out": str(out),
+        "method": args.method,
+        "distance_before": before,
+        "distance_after": after,
+    }
+    text = (
+        f"L2 distance to {args.reference}: before {before:.6g}, after {after:.6g}\n"
+        f"aligned {args.other} ({args.method} matching) written to {out}"
+    )
+    _print(args, report, text)
+    return EXIT_OK
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """``wsym merge``: the average of the checkpoints aligned to the first."""
+    import wsym
+    from wsym.io import save_state_dict
+
+    out = check_state_dict_out(args.out)
+    if len(args.checkpoints) < 2:
+        raise WsymInputError("merge needs at least two checkpoints; pass CK1 CK2 [CK3 ...]")
+    _need_data(args, args.method == "activations", "--method activations")
+    _need_data(args, args.reset_batchnorm, "--reset-batchnorm")
+    job = prepare(args, args.checkpoints)
+    matching = matching_batches(job.data, args.split, args.batch_size) if job.data else None
+    merged = wsym.merge(
+        job.states,
+        job.spec,
+        method=args.method,
+        model=_scratch(job.model, args.method),
+        batches=matching,
+    )
+    if args.reset_batchnorm:
+        data = batches(job.data, args.split, args.batch_size)
+        merged = _reset_batchnorm(job.model, merged, data)
+    save_state_dict(merged, out)
+    report = {
+        "checkpoints": list(args.checkpoints),
+        "out": str(out),
+        "method": args.method,
+        "reset_batchnorm": args.reset_batchnorm,
+    }
+    text = f"merge of {len(args.checkpoints)} checkpoints ({args.method} matching) written to {out}"
+    _print(args, report, text)
+    return EXIT_OK
+
+
+def run_barrier(args: argparse.Namespace) -> int:
+    """``wsym barrier``: loss and accuracy along A -> B, naive and with B aligned to A."""
+    import wsym
+
+    out = check_out_dir(args.out)
+    if args.steps < 2:
+        raise WsymInputError(f"--steps must be at least 2 (both endpoints), got {args.steps}")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise WsymInputError("wsym barrier plots with matplotlib; pip install matplotlib")
+    job = prepare(args, [args.a, args.b], loss=True)
+    sd_a, sd_b = job.states
+    curves = {"naive": _curve(job, sd_a, sd_b, args)}
+    if args.align != "none":
+        matching = matching_batches(job.data, "train", args.batch_size)
+        model = _scratch(job.model, args.align)
+        aligned = wsym.align(
+            sd_a, sd_b, job.spec, args.align, model=model, batches=matching, seed=args.seed
+        )
+        curves["aligned"] = _curve(job, sd_a, aligned, args)
+    report = _barrier_report(args, curves)
+    title = f"{Path(args.a).name} -> {Path(args.b).name} ({args.data} {args.split})"
+    naive, other = curves["naive"], curves.get("aligned")
+    write_files(
+        out,
+        {
+            "barrier.png": lambda path: naive.plot(
+                path, title=title, other=other, labels=("naive", f"aligned by {args.align}")
+            ),
+            "barrier.json": lambda path: path.write_text(json.dumps(report, indent=2) + "\n"),
+        },
+    )
+    lines = [
+        f"loss barrier: {_barriers(curves, 'barrier')}",
+        f"accuracy barrier: {_barriers(curves, 'accuracy_barrier')}",
+        f"wrote {out / 'barrier.png'} and {out / 'barrier.json'}",
+    ]
+    _print(args, report, "\n".join(lines))
+    return EXIT_OK
+
+
+def _curve(job: Any, sd_a: dict, sd_b: dict, args: argparse.Namespace) -> Any:
+    """Cross-entropy curve on ``--split``, evaluated in the model's own dtypes."""
+    import torch
+
+    import wsym
+
+    own = job.model.state_dict()
+
+    def cast(sd: dict) -> dict:
+        return {k: v.to(own[k].dtype) if k in own else v for k, v in sd.items()}
+
+    data = batches(job.data, args.split, args.batch_size)
+    loss = torch.nn.functional.cross_entropy
+    return wsym.interpolate(job.model, cast(sd_a), cast(sd_b), data, loss, steps=args.steps)
+
+
+def _barrier_report(args: argparse.Namespace, curves: dict) -> dict:
+    return {
+        "model": args.model,
+        "config": args.config,
+        "checkpoints": [args.a, args.b],
+        "data": args.data,
+        "split": args.split,
+        "align": args.align,
+        "steps": args.steps,
+        "barrier": {name: curve.barrier for name, curve in curves.items()},
+        "accuracy_barrier": {name: curve.accuracy_barrier for name, curve in curves.items()},
+        "curves": {name: asdict(curve) for name, curve in curves.items()},
+    }
+
+
+def _barriers(curves: dict, field: str) -> str:
+    return ", ".join(f"{name} {getattr(curve, field):.4g}" for name, curve in curves.items())
+
+
+def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
+    """``merged`` with the buffers (running statistics) recomputed on ``data``.
+
+    The statistics come from the model in its own dtype; the weights keep the
+    merge's precision.
+    """
+    from wsym.merge import reset_batchnorm_stats
+
+    fresh = reset_batchnorm_stats(model, merged, data)
+    buffers = {name for name, _ in model.named_buffers()}
+    return {k: fresh[k].to(v.dtype) if k in buffers else v for k, v in merged.items()}
+
+
+def _scratch(model: Any, method: str) -> Any:
+    """For activation matching, a float64 copy of ``model`` (it runs it in float64)."""
+    return copy.deepcopy(model).double() if method == "activations" else model
+
+
+def _need_data(args: argparse.Namespace, needed: bool, what: str) -> None:
+    if needed and args.data is None:
+        raise WsymInputError(f"{what} needs a dataset: pass --data NAME (e.g. --data mnist1d)")
+
+
+def _print(args: argparse.Namespace, report: dict, text: str) -> None:
+    print(json.dumps(report, indent=2) if args.json else text)

@@ -1,0 +1,286 @@
+"""What the checkpoint subcommands share: model, spec, checkpoints and data from options.
+
+Every input is checked before anything slow runs, in this order: the option
+strings, the output path, the checkpoints (readable, finite, fitting the model),
+the dataset (its inputs run through the model), and only then detection. Outputs
+are written at the very end, atomically (temporary file, then rename), so a
+failed command leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wsym.errors import WsymInputError
+
+#: Examples of a dataset fed through the model as example inputs for detection.
+DATA_EXAMPLES = 8
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A model with the first checkpoint loaded, its spec, the checkpoints and the data.
+
+    Attributes:
+        model: The model built from ``--model``/``--config``, in eval mode.
+        spec: Detected on ``model`` or read from ``--spec``.
+        states: One state dict per checkpoint, in the order given.
+        data: The ``--data`` dataset, or None.
+    """
+
+    model: torch.nn.Module
+    spec: Any
+    states: list[dict[str, torch.Tensor]]
+    data: Any = None
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options that build a model and find its symmetries (as ``wsym detect``)."""
+    parser.add_argument("--model", required=True, metavar="SPEC", help="model spec to build")
+    parser.add_argument("--config", default="", metavar="K=V,...", help="builder config")
+    parser.add_argument(
+        "--input",
+        metavar="SHAPE",
+        help="example input shape for detection, e.g. 8,40 "
+        "(not needed with --spec; defaults to a batch of --data)",
+    )
+    parser.add_argument(
+        "--spec", metavar="FILE", help="use a spec saved by 'wsym detect --json' instead"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def add_data_options(
+    parser: argparse.ArgumentParser, split: str, used_for: str, required: bool = False
+) -> None:
+    """Add ``--data``, ``--split`` (default ``split``) and ``--batch-size``."""
+    from wsym.data import NAMES, SPLITS
+
+    parser.add_argument(
+        "--data",
+        choices=NAMES,
+        required=required,
+        metavar="NAME",
+        help=f"dataset {used_for}: {', '.join(NAMES)}",
+    )
+    parser.add_argument(
+        "--split", choices=SPLITS, default=split, help=f"split of --data (default {split})"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=500, metavar="N", help="examples per batch"
+    )
+
+
+def prepare(
+    args: argparse.Namespace, checkpoints: Sequence[str], *, loss: bool = False
+) -> Prepared:
+    """Check and load everything a checkpoint command needs; see the module docstring.
+
+    Args:
+        args: Parsed options of :func:`add_model_options` (and :func:`add_data_options`).
+        checkpoints: Paths of the checkpoints, the first one loaded into the model.
+        loss: Also check that cross-entropy accepts the model's outputs on the data.
+
+    Raises:
+        WsymInputError: Any problem with the options, the files or the data.
+    """
+    import wsym
+    from wsym.data import load as load_data
+    from wsym.factory import build_model, example_inputs, parse_config, parse_input_shape
+    from wsym.io import load_state_dict
+    from wsym.io.checkpoint import check_compatible, check_finite
+
+    config = parse_config(args.config)
+    shape = parse_input_shape(args.input) if args.input else None
+    data_name = getattr(args, "data", None)
+    if getattr(args, "batch_size", 1) < 1:
+        raise WsymInputError(f"--batch-size must be positive, got {args.batch_size}")
+    spec_text = read_spec_file(args.spec) if args.spec else None
+    if shape is None and spec_text is None and data_name is None:
+        raise WsymInputError(
+            "no example input to detect symmetries with: pass --input SHAPE (e.g. 8,40), "
+            "--data NAME, or --spec FILE saved by 'wsym detect --json'"
+        )
+    states = []
+    for path in checkpoints:
+        state = load_state_dict(path)
+        check_finite(state, path)
+        states.append(state)
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, config)
+    for path, state in zip(checkpoints, states, strict=True):
+        check_compatible(model.state_dict(), state, path)
+    model.load_state_dict(states[0])
+    data = load_data(data_name) if data_name else None
+    if data is not None:
+        check_data_fits(model, data, args.model, loss=loss)
+    if spec_text is not None:
+        spec = spec_from_text(spec_text, args.spec, model)
+    elif shape is not None:
+        spec = wsym.detect(
+            model, example_inputs(args.model, shape, model=model, config=config, seed=args.seed)
+        )
+    else:
+        spec = wsym.detect(model, data.x_train[:DATA_EXAMPLES])
+    return Prepared(model=model, spec=spec, states=states, data=data)
+
+
+def read_spec_file(path: str) -> str:
+    """The text of a spec file, or a one-line error."""
+    file = Path(path)
+    if not file.is_file():
+        what = "is a directory, not a file" if file.is_dir() else "not found"
+        raise WsymInputError(f"spec {path} {what}; check the path")
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise WsymInputError(f"cannot read spec {path}: {err}") from err
+
+
+def spec_from_text(text: str, path: str, model: torch.nn.Module) -> Any:
+    """Parse a saved spec and check that its tensors are the model's, with the same shapes."""
+    from wsym import SymmetrySpec
+
+    try:
+        spec = SymmetrySpec.from_json(text)
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        raise WsymInputError(
+            f"spec {path} is not a wsym spec ({type(err).__name__}: {err}); "
+            "write one with 'wsym detect --json'"
+        ) from err
+    state = model.state_dict()
+    for key, dims in spec.layouts:
+        shape = tuple(tree.size for tree in dims)
+        found = tuple(state[key].shape) if key in state else None
+        if found != shape:
+            what = "has no tensor" if found is None else f"has shape {list(found)} for"
+            raise WsymInputError(
+                f"spec {path} does not fit the model: the model {what} {key} "
+                f"(spec {list(shape)}); detect the spec again on this model"
+            )
+    return spec
+
+
+def check_data_fits(
+    model: torch.nn.Module, data: Any, model_spec: str, *, loss: bool = False
+) -> None:
+    """Run the model on a few test examples (and cross-entropy on its outputs)."""
+    from wsym.graph.trace import eval_mode, model_inputs
+
+    inputs, targets = next(data.batches("test", DATA_EXAMPLES))
+    try:
+        with torch.no_grad(), eval_mode(model):
+            args, kwargs = model_inputs(model, inputs)
+            out = model(*args, **kwargs)
+            if loss:
+                torch.nn.functional.cross_entropy(out, targets)
+    except Exception as err:  # shape or dtype errors from inside the model
+        raise WsymInputError(
+            f"dataset {data.name} (inputs {list(inputs.shape)}, {data.num_classes} classes) "
+            f"does not fit {model_spec} ({type(err).__name__}: {first_line(err)}); "
+            "pick a matching --data or model config"
+        ) from err
+
+
+def batches(data: Any, split: str, batch_size: int) -> list:
+    """All ``(inputs, targets)`` batches of one split, in order."""
+    return list(data.batches(split, batch_size))
+
+
+def matching_batches(data: Any, split: str, batch_size: int) -> list:
+    """Batches for activation matching: float64 inputs, all of one size.
+
+    Activation matching traces the model once, on the first batch, with the
+    batch size fixed, so a smaller last batch is dropped; it runs in float64.
+    """
+    out = [
+        (x.double() if x.is_floating_point() else x, y) for x, y in batches(data, split, batch_size)
+    ]
+    if len(out) > 1 and len(out[-1][1]) < len(out[0][1]):
+        out.pop()
+    return out
+
+
+def check_state_dict_out(path: str) -> Path:
+    """A checkpoint destination whose suffix and directory are usable."""
+    from wsym.io.checkpoint import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES
+
+    out = Path(path)
+    if out.suffix.lower() not in SAFETENSORS_SUFFIXES | TORCH_SUFFIXES:
+        raise WsymInputError(
+            f"cannot write {path}: unsupported suffix {out.suffix or '(none)'!r}; "
+            "end --out in .safetensors, .pt, .pth or .bin"
+        )
+    if out.is_dir():
+        raise WsymInputError(f"cannot write {path}: it is a directory; name a file")
+    if not out.parent.is_dir():
+        raise WsymInputError(f"cannot write {path}: directory {out.parent} does not exist")
+    return out
+
+
+def check_out_dir(path: str) -> Path:
+    """An output directory that exists or can be created in an existing parent."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise WsymInputError(f"--out {path} is a file; name a directory")
+    if not out.exists() and not out.parent.is_dir():
+        raise WsymInputError(f"cannot create {path}: directory {out.parent} does not exist")
+    return out
+
+
+def write_files(directory: Path, writers: Mapping[str, Callable[[Path], None]]) -> None:
+    """Write ``directory/name`` with ``writers[name](path)`` for every name, all or nothing.
+
+    Each writer fills a temporary file (same suffix, same directory); only when
+    all succeeded are they renamed over their destinations. On failure the
+    temporary files (and the directory, if this call created it) are removed.
+    """
+    from wsym.io.checkpoint import new_file_mode
+
+    created = not directory.exists()
+    directory.mkdir(exist_ok=True)
+    temps: dict[str, Path] = {}
+    try:
+        for name, write in writers.items():
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=Path(name).suffix)
+            os.close(fd)
+            temps[name] = Path(tmp)
+            write(temps[name])
+            os.chmod(tmp, new_file_mode())  # mkstemp's 0600, not what the umask gives
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        for name, tmp in temps.items():
+            os.replace(tmp, directory / name)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        if created:
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def l2_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Euclidean distance over the floating-point tensors the two state dicts share."""
+    total = torch.zeros((), dtype=torch.float64)
+    for key, value in a.items():
+        if key in b and value.is_floating_point():
+            total += (value.double() - b[key].double()).pow(2).sum()
+    return float(total.sqrt())
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty)."""
+    lines = str(err).strip().splitlines()
+    return lines[0].strip() if lines else type(err).__name__
