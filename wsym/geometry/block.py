@@ -1,0 +1,135 @@
+"""GL blocks, their tangent vectors, the group action and regularized Gram matrices.
+
+A GL block is a pair ``(G, H)`` with ``G`` of shape ``(..., n, h)`` and ``H`` of
+shape ``(..., m, h)`` that a network uses only through ``G H^T``; leading dims
+index independent blocks (one per attention head). ``GL(h)`` acts as
+
+    (G, H) -> (G A^{-1}, H A^T),
+
+and, being linear, acts on tangent vectors ``(xi_G, xi_H)`` in the same way. The
+orbit through ``(G, H)`` has tangent (vertical) space ``{(-G Omega, H Omega^T)}``.
+
+Gram matrices are regularized as ``P = G^T G + s I`` with the shift
+``s = eps * Tr(G^T G) / h`` (``eps`` relative to the mean eigenvalue; ``s = eps``
+for an all-zero factor), so that rank-deficient blocks never produce NaN. The
+shift is computed once at the base point and treated as a constant. ``eps = 0``
+gives the exact formulas (and inf/NaN on singular blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+DEFAULT_EPS = 1e-10
+"""Default Gram regularization, relative to the mean eigenvalue of ``G^T G``."""
+
+Metric = Literal["euclidean", "invariant", "mixed"]
+METRICS: tuple[str, ...] = ("euclidean", "invariant", "mixed")
+
+
+class Pair(NamedTuple):
+    """A GL block ``(G, H)`` or a tangent vector ``(xi_G, xi_H)`` at one.
+
+    Shapes:
+        G: ``(..., n, h)``; H: ``(..., m, h)`` with the same leading dims.
+
+    Example:
+        >>> G, H = Pair(torch.ones(3, 2), torch.ones(4, 2))
+        >>> (G @ H.mT).shape
+        torch.Size([3, 4])
+    """
+
+    G: Tensor
+    H: Tensor
+
+
+def as_pair(x: Pair | tuple[Tensor, Tensor]) -> Pair:
+    """Convert a ``(G, H)`` tuple to a :class:`Pair`, checking the shapes agree."""
+    G, H = x
+    if G.ndim < 2 or H.ndim < 2 or G.shape[-1] != H.shape[-1]:
+        raise ValueError(f"expected G (..., n, h) and H (..., m, h), got {G.shape}, {H.shape}")
+    if G.shape[:-2] != H.shape[:-2]:
+        raise ValueError(f"G and H leading dims differ: {G.shape[:-2]} vs {H.shape[:-2]}")
+    return Pair(G, H)
+
+
+def check_metric(metric: str) -> str:
+    """Return ``metric`` if it names a GL-block metric, else raise ``ValueError``."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
+    return metric
+
+
+def act(x: Pair | tuple[Tensor, Tensor], A: Tensor) -> Pair:
+    """The ``GL(h)`` action ``(G, H) -> (G A^{-1}, H A^T)`` (also on tangent vectors).
+
+    Args:
+        x: block or tangent vector, G ``(..., n, h)``, H ``(..., m, h)``.
+        A: invertible ``(..., h, h)``, broadcast over the leading dims.
+
+    Example:
+        >>> G, H, A = torch.randn(3, 2), torch.randn(4, 2), torch.randn(2, 2) + 3 * torch.eye(2)
+        >>> G2, H2 = act((G, H), A)
+        >>> torch.allclose(G2 @ H2.mT, G @ H.mT, atol=1e-5)
+        True
+    """
+    G, H = as_pair(x)
+    G_new = torch.linalg.solve(A, G, left=False)
+    return Pair(G_new, H @ A.mT)
+
+
+def vertical(block: Pair | tuple[Tensor, Tensor], omega: Tensor) -> Pair:
+    """The vertical (orbit-tangent) vector ``(-G Omega, H Omega^T)``.
+
+    It is the velocity of ``t -> act(block, I + t Omega)`` at ``t = 0``.
+
+    Args:
+        block: G ``(..., n, h)``, H ``(..., m, h)``.
+        omega: ``(..., h, h)``.
+    """
+    G, H = as_pair(block)
+    return Pair(-G @ omega, H @ omega.mT)
+
+
+def _shift(gram: Tensor, eps: float) -> Tensor:
+    """Regularization shift ``eps * Tr(gram) / h`` (``eps`` when the trace is 0)."""
+    mean = gram.diagonal(dim1=-2, dim2=-1).mean(-1)
+    return torch.where(mean > 0, eps * mean, torch.full_like(mean, eps))
+
+
+@dataclass(frozen=True)
+class Gram:
+    """Regularized Gram matrix ``P = M^T M + s I`` of one factor ``M`` ``(..., k, h)``.
+
+    Attributes:
+        raw: ``M^T M``, shape ``(..., h, h)``.
+        shift: ``s``, shape ``(...)``.
+    """
+
+    raw: Tensor
+    shift: Tensor
+
+    @classmethod
+    def of(cls, M: Tensor, eps: float = DEFAULT_EPS) -> Gram:
+        """Gram matrix of ``M`` with the relative shift of the module docstring."""
+        raw = M.mT @ M
+        return cls(raw, _shift(raw, eps))
+
+    @property
+    def matrix(self) -> Tensor:
+        """``P = M^T M + s I``."""
+        eye = torch.eye(self.raw.shape[-1], dtype=self.raw.dtype, device=self.raw.device)
+        return self.raw + self.shift[..., None, None] * eye
+
+    def solve(self, X: Tensor, left: bool = True) -> Tensor:
+        """``P^{-1} X`` (or ``X P^{-1}`` with ``left=False``); inf/NaN if ``P`` is singular."""
+        return torch.linalg.solve_ex(self.matrix, X, left=left)[0]
+
+    def eigh(self) -> tuple[Tensor, Tensor]:
+        """Eigenvalues ``p`` (of ``M^T M``, clamped at 0) and orthonormal eigenvectors ``U``."""
+        p, U = torch.linalg.eigh(self.raw)
+        return p.clamp_min(0), U
