@@ -4,6 +4,7 @@
 * :class:`ResidualCNN` -- conv, BatchNorm, ReLU and a residual block.
 * :class:`TinyTransformer` -- hand-written multi-head attention and an MLP block,
   pre-LayerNorm, on token ids or on patches.
+* :class:`CNN1d` -- two conv1d-BatchNorm-ReLU layers, pooled, for mnist1d signals.
 """
 
 from __future__ import annotations
@@ -161,3 +162,28 @@ class TinyTransformer(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h).mean(dim=1))
+
+
+class CNN1d(nn.Module):
+    """Two conv1d-BatchNorm-ReLU layers, global average pooling and a linear head.
+
+    Takes mnist1d inputs ``(B, length)`` (reshaped to one channel inside forward).
+
+    Example:
+        >>> CNN1d(channels=4)(torch.randn(2, 40)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, channels: int = 32, kernel: int = 5, classes: int = 10):
+        super().__init__()
+        pad = kernel // 2
+        self.conv1, self.bn1 = nn.Conv1d(1, channels, kernel, padding=pad), nn.BatchNorm1d(channels)
+        self.conv2 = nn.Conv1d(channels, channels, kernel, padding=pad)
+        self.bn2 = nn.BatchNorm1d(channels)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for signals ``(B, length)``."""
+        h = torch.relu(self.bn1(self.conv1(x.unsqueeze(1))))
+        h = torch.relu(self.bn2(self.conv2(h)))
+        return self.head(h.mean(dim=2))
