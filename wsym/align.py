@@ -28,8 +28,10 @@ from wsym.act import GroupElement, act
 from wsym.canon import canonical_element
 from wsym.errors import WsymInputError
 from wsym.spec import SymmetrySpec
-from wsym.units import unit_matrix
+from wsym.units import odd_rows, unit_matrix
 
+# Canonicalized before matching. Sign conventions read off two different networks need
+# not agree unit by unit, so weight matching also matches signs (signed units).
 NO_PERMUTATION = ("norm_scaling", "scaling", "gl", "orthogonal", "translation", "sign")
 
 
@@ -108,12 +110,16 @@ def check_same_architecture(spec: SymmetrySpec, *state_dicts: dict) -> None:
 def weight_matching(
     spec: SymmetrySpec, ref: dict, other: dict, *, max_iter: int = 100, seed: int = 0, groups=None
 ) -> list[tuple[int, torch.Tensor]]:
-    """Permutation components that move ``other`` closest to ``ref`` (coordinate descent)."""
-    groups = (
-        [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
-        if groups is None
-        else list(groups)
-    )
+    """Permutation (and sign) components that move ``other`` closest to ``ref``.
+
+    Coordinate descent over the permutation classes. Where a sign group acts on
+    the class, units are matched as signed units: pairing ``i`` with ``j`` scores
+    ``C_even[i, j] + |C_odd[i, j]|`` (the entries a flip negates counted in
+    absolute value), and the matched unit takes the sign of ``C_odd[i, j]``.
+    """
+    if groups is None:
+        groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
+    signs = {g.cls: i for i, g in enumerate(spec.groups) if g.kind == "sign"}
     groups = list(groups)
     rng = random.Random(seed)
     comps: list = []
@@ -123,18 +129,36 @@ def weight_matching(
         order = groups[:]
         rng.shuffle(order)
         for i in order:
-            g = spec.groups[i]
-            cost = unit_matrix(spec, ref, g.cls) @ unit_matrix(spec, current, g.cls).T
-            _, col = linear_sum_assignment(cost.numpy(), maximize=True)
-            perm = torch.as_tensor(col)
-            gain = float(cost[torch.arange(len(perm)), perm].sum() - cost.trace())
-            if gain > 1e-12 * max(1.0, float(cost.trace().abs())):
-                current = act(spec, GroupElement(((i, perm),)), current)
-                comps.append((i, perm))
+            step = _match_class(spec, ref, current, i, signs.get(spec.groups[i].cls))
+            if step:
+                current = act(spec, GroupElement(tuple(step)), current)
+                comps.extend(step)
                 changed = True
         if not changed:
             break
     return comps
+
+
+def _match_class(spec: SymmetrySpec, ref: dict, current: dict, i: int, sign: int | None) -> list:
+    """The components (permutation, then sign) that improve class ``i``'s match, if any."""
+    cls = spec.groups[i].cls
+    full = unit_matrix(spec, ref, cls) @ unit_matrix(spec, current, cls).T
+    odd = None
+    if sign is not None:
+        odd = odd_rows(spec, ref, spec.groups[sign]) @ odd_rows(spec, current, spec.groups[sign]).T
+    score = full if odd is None else full - odd + odd.abs()
+    _, col = linear_sum_assignment(score.numpy(), maximize=True)
+    perm = torch.as_tensor(col)
+    rows = torch.arange(len(perm))
+    gain = float(score[rows, perm].sum() - full.trace())
+    if gain <= 1e-12 * max(1.0, float(full.trace().abs())):
+        return []
+    step = [(i, perm)] if (perm != rows).any() else []
+    if odd is not None:
+        flips = torch.where(odd[rows, perm] < 0, -1.0, 1.0).to(torch.float64)
+        if (flips < 0).any():
+            step.append((sign, flips))
+    return step
 
 
 def activation_matching(spec: SymmetrySpec, model, ref: dict, other: dict, batches) -> list:

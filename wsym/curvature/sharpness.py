@@ -1,0 +1,137 @@
+r"""Fisher-Riemannian sharpness :math:`S_R = \operatorname{Tr}(F^{-1} \nabla^2 \mathcal{L})`.
+
+The Hessian measured in the Fisher metric (Ahmed, Sarmah, Dutta 2026; see
+``GEOMETRY.md``). Two estimators:
+
+* **diagonal** (:func:`fisher_riemannian_sharpness`):
+  :math:`S_R \approx \sum_i \hat H_{ii} / (\hat F_{ii} + \delta)` with the
+  Hutchinson diagonal :math:`\hat H` (:func:`~wsym.curvature.diagonal_hessian`)
+  and the sampled-label diagonal Fisher :math:`\hat F`
+  (:func:`~wsym.curvature.diagonal_fisher`).
+  For a reparametrization :math:`\theta = D \phi` with diagonal :math:`D`, the exact
+  diagonals transform as :math:`H^\phi_{ii} = D_{ii}^2 H_{ii}` and
+  :math:`F^\phi_{ii} = D_{ii}^2 F_{ii}` (with the same sampled labels), so with
+  ``damping=0`` and ``probes="exact"`` the estimate is exactly invariant to
+  elementwise rescalings -- including the ReLU rescaling symmetry, which is one.
+  Rademacher probes are invariant only in expectation (their off-diagonal noise
+  :math:`v_i \sum_{j \ne i} H_{ij} v_j` scales as :math:`D_{ii} D_{jj}`), and
+  damping breaks it at scale :math:`\delta`. It is not invariant to GL actions.
+* **K-FAC** (:func:`kfac_fisher_riemannian_sharpness`):
+  :math:`S_R \approx \frac1m \sum_j v_j^\top (\tilde F + \delta I)^{-1} H v_j`,
+  Rademacher :math:`v_j`, where :math:`\tilde F` is block diagonal: for each
+  ``nn.Linear`` (weight and bias together) the K-FAC block :math:`A \otimes G` of
+  :mod:`wsym.curvature.kfac` with exact damping; every other parameter its own
+  diagonal Fisher entry :math:`\hat F_{ii}`. Since :math:`(\tilde F + \delta I)^{-1}`
+  is symmetric, this is an unbiased Hutchinson estimate of
+  :math:`\operatorname{Tr}((\tilde F + \delta I)^{-1} H)`; ``probes="exact"``
+  gives the trace exactly.
+
+Both use the mean loss over the batches (eval mode) for :math:`H` and cross-entropy
+with labels sampled from the model's softmax for :math:`F` (classification only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from wsym.curvature.fisher import Samples, diagonal_fisher
+from wsym.curvature.hutchinson import Probes, diagonal_hessian, hessian_probe_products, probe_scale
+from wsym.curvature.kfac import kfac_factors
+from wsym.curvature.objective import Batch, HvpMode, LossFn, Params, model_params
+
+
+def fisher_riemannian_sharpness(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    loss_fn: LossFn,
+    damping: float = 1e-3,
+    probes: Probes = 100,
+    seed: int = 0,
+    fisher_samples: Samples = 1,
+    params: Params | None = None,
+    mode: HvpMode = "forward",
+) -> float:
+    r"""Diagonal estimator :math:`\sum_i \hat H_{ii} / (\hat F_{ii} + \delta)`.
+
+    Args:
+        model: a classifier returning logits ``(N, C)``; evaluated in eval mode.
+        batches: list of ``(inputs, targets)``.
+        loss_fn: ``loss_fn(outputs, targets)``, a mean over the batch (for :math:`H`).
+        damping: :math:`\delta > 0` keeps the ratio finite where :math:`\hat F_{ii} = 0`.
+        probes: Hutchinson probes for :math:`\hat H`, or ``"exact"``.
+        seed: seeds both the probes and the sampled labels; same seed, same value.
+        fisher_samples: labels drawn per input for :math:`\hat F`, or ``"exact"``.
+        params: ``{name: tensor}``; ``None`` takes the model's.
+        mode: HVP mode, ``"forward"`` or ``"reverse"`` (see :func:`~wsym.curvature.hvp`).
+
+    Returns:
+        The estimate as a Python float.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> model, x = nn.Linear(3, 2), torch.randn(8, 3)
+        >>> batches = [(x, torch.randint(0, 2, (8,)))]
+        >>> s = fisher_riemannian_sharpness(model, batches, nn.CrossEntropyLoss(), probes="exact")
+        >>> s > 0
+        True
+    """
+    params = model_params(model) if params is None else params
+    hess = diagonal_hessian(model, batches, loss_fn, probes, seed, params, mode=mode)
+    fisher = diagonal_fisher(model, batches, fisher_samples, seed, params)
+    return float(sum((hess[n] / (fisher[n] + damping)).sum() for n in params))
+
+
+def kfac_fisher_riemannian_sharpness(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    loss_fn: LossFn,
+    damping: float = 1e-3,
+    probes: Probes = 100,
+    seed: int = 0,
+    fisher_samples: Samples = 1,
+    params: Params | None = None,
+    mode: HvpMode = "forward",
+) -> float:
+    r"""K-FAC estimator :math:`\frac1m \sum_j v_j^\top (\tilde F + \delta I)^{-1} H v_j`.
+
+    Args:
+        model: a classifier returning logits ``(N, C)``; evaluated in eval mode.
+        batches: list of ``(inputs, targets)``.
+        loss_fn: ``loss_fn(outputs, targets)``, a mean over the batch (for :math:`H`).
+        damping: :math:`\delta > 0`, added exactly to each block.
+        probes: Hutchinson probes, or ``"exact"`` (basis vectors: the exact trace).
+        seed: seeds both the probes and the sampled labels; same seed, same value.
+        fisher_samples: labels drawn per input for :math:`\tilde F`, or ``"exact"``.
+        params: ``{name: tensor}``; ``None`` takes the model's.
+        mode: HVP mode, ``"forward"`` or ``"reverse"`` (see :func:`~wsym.curvature.hvp`).
+
+    Returns:
+        The estimate as a Python float.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> model, x = nn.Linear(3, 2), torch.randn(8, 3)
+        >>> batches = [(x, torch.randint(0, 2, (8,)))]
+        >>> s = kfac_fisher_riemannian_sharpness(model, batches, nn.CrossEntropyLoss())
+        >>> s > 0
+        True
+    """
+    params = model_params(model) if params is None else params
+    factors = kfac_factors(model, batches, fisher_samples, seed, params)
+    covered = {n for f in factors.values() for n in (f.weight, f.bias) if n is not None}
+    rest = {n: p for n, p in params.items() if n not in covered}
+    fisher = diagonal_fisher(model, batches, fisher_samples, seed, rest) if rest else {}
+    total = 0.0
+    for vs, hvs in hessian_probe_products(model, params, batches, loss_fn, probes, seed, 16, mode):
+        solved = {n: hvs[n] / (fisher[n] + damping) for n in rest}
+        for f in factors.values():
+            bias = hvs[f.bias] if f.bias is not None else None
+            solved[f.weight], b = f.inverse_product(hvs[f.weight], bias, damping)
+            if f.bias is not None:
+                solved[f.bias] = b
+        total += float(sum((vs[n] * solved[n]).sum() for n in params))
+    return total * probe_scale(probes)
