@@ -89,7 +89,7 @@ def hessian_probe_products(
     probes: Probes,
     seed: int,
     chunk_size: int,
-    mode: HvpMode = "forward",
+    mode: HvpMode = "reverse",
 ) -> Iterator[tuple[Params, Params]]:
     """Pairs ``(V, HV)`` of stacked probes and their Hessian-vector products."""
     for vs in probe_chunks(params, probes, seed, chunk_size):
@@ -104,7 +104,7 @@ def diagonal_hessian(
     seed: int = 0,
     params: Params | None = None,
     chunk_size: int = 16,
-    mode: HvpMode = "forward",
+    mode: HvpMode = "reverse",
 ) -> Params:
     r"""Hutchinson's diagonal estimator :math:`\frac1m \sum_j v_j \odot H v_j`.
 
@@ -147,7 +147,7 @@ def hessian_trace(
     seed: int = 0,
     params: Params | None = None,
     chunk_size: int = 16,
-    mode: HvpMode = "forward",
+    mode: HvpMode = "reverse",
 ) -> float:
     r"""Hutchinson's trace estimator :math:`\frac1m \sum_j v_j^\top H v_j`.
 

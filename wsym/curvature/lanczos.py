@@ -43,7 +43,7 @@ def lambda_max(
     iters: int = 30,
     seed: int = 0,
     params: Params | None = None,
-    mode: HvpMode = "forward",
+    mode: HvpMode = "reverse",
 ) -> float:
     r"""Largest Ritz value of ``iters`` Lanczos steps on the Hessian of the mean loss.
 

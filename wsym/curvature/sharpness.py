@@ -51,7 +51,7 @@ def fisher_riemannian_sharpness(
     seed: int = 0,
     fisher_samples: Samples = 1,
     params: Params | None = None,
-    mode: HvpMode = "forward",
+    mode: HvpMode = "reverse",
 ) -> float:
     r"""Diagonal estimator :math:`\sum_i \hat H_{ii} / (\hat F_{ii} + \delta)`.
 
@@ -93,7 +93,7 @@ def kfac_fisher_riemannian_sharpness(
     seed: int = 0,
     fisher_samples: Samples = 1,
     params: Params | None = None,
-    mode: HvpMode = "forward",
+    mode: HvpMode = "reverse",
 ) -> float:
     r"""K-FAC estimator :math:`\frac1m \sum_j v_j^\top (\tilde F + \delta I)^{-1} H v_j`.
 
