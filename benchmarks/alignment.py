@@ -154,15 +154,7 @@ def l2(sd_a: dict, sd_b: dict) -> float:
 
 def curve_from(alphas, losses, accuracies) -> Curve:
     """A :class:`wsym.Curve` with the barriers defined as in ``wsym.interpolate``."""
-    line = [(1 - a) * losses[0] + a * losses[-1] for a in alphas]
-    acc_line = [(1 - a) * accuracies[0] + a * accuracies[-1] for a in alphas]
-    return Curve(
-        alphas=tuple(alphas),
-        losses=tuple(losses),
-        accuracies=tuple(accuracies),
-        barrier=max(v - b for v, b in zip(losses, line, strict=True)),
-        accuracy_barrier=max(b - v for v, b in zip(accuracies, acc_line, strict=True)),
-    )
+    return Curve.from_points(alphas, losses, accuracies)
 
 
 def bn_reset_curves(model, sd_a: dict, sd_b: dict, reset_batches, splits: dict) -> dict:

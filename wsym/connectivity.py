@@ -25,6 +25,19 @@ class Curve:
     barrier: float
     accuracy_barrier: float
 
+    @classmethod
+    def from_points(cls, alphas, losses, accuracies) -> Curve:
+        """A curve from its points, with both barriers computed."""
+        line = [(1 - a) * losses[0] + a * losses[-1] for a in alphas]
+        acc_line = [(1 - a) * accuracies[0] + a * accuracies[-1] for a in alphas]
+        return cls(
+            alphas=tuple(alphas),
+            losses=tuple(losses),
+            accuracies=tuple(accuracies),
+            barrier=max(loss - b for loss, b in zip(losses, line, strict=True)),
+            accuracy_barrier=max(b - c for c, b in zip(accuracies, acc_line, strict=True)),
+        )
+
     def to_json(self) -> str:
         """The curve as JSON."""
         return json.dumps(asdict(self))
@@ -84,15 +97,7 @@ def interpolate(
         loss, acc = _evaluate(model, sd, batches, loss_fn)
         losses.append(loss)
         accuracies.append(acc)
-    line = [(1 - a) * losses[0] + a * losses[-1] for a in alphas]
-    acc_line = [(1 - a) * accuracies[0] + a * accuracies[-1] for a in alphas]
-    return Curve(
-        alphas=tuple(alphas),
-        losses=tuple(losses),
-        accuracies=tuple(accuracies),
-        barrier=max(loss - b for loss, b in zip(losses, line, strict=True)),
-        accuracy_barrier=max(b - c for c, b in zip(accuracies, acc_line, strict=True)),
-    )
+    return Curve.from_points(alphas, losses, accuracies)
 
 
 def _evaluate(model, state_dict, batches, loss_fn) -> tuple[float, float]:

@@ -21,30 +21,19 @@ afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
+from wsym.graph.trace import eval_mode
+
 Params = dict[str, Tensor]
 Batch = tuple[Any, Any]
 LossFn = Callable[[Tensor, Any], Tensor]
 HvpMode = Literal["forward", "reverse"]
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put ``model`` in eval mode for the block, then restore every module's flag."""
-    flags = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, flag in flags.items():
-            m.training = flag
 
 
 def model_params(model: nn.Module) -> Params:
