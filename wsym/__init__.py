@@ -6,6 +6,7 @@ from wsym.canon import canonicalize
 from wsym.connectivity import Curve, interpolate
 from wsym.detect import detect
 from wsym.merge import merge
+from wsym.sharpness import sharpness
 from wsym.spec import Group, SymmetrySpec
 
 __version__ = "0.1.0"
@@ -20,4 +21,5 @@ __all__ = [
     "detect",
     "interpolate",
     "merge",
+    "sharpness",
 ]

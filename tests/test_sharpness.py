@@ -1,0 +1,217 @@
+"""wsym.sharpness and wsym.quotient: invariance under the claimed groups, in float64."""
+
+import copy
+
+import pytest
+import torch
+
+from wsym import quotient, units
+from wsym.act import sample
+from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.sharpness import sharpness
+
+RATIO = 1e-3
+
+
+def _regression(model, inputs, n_out, seed=1, n=2):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (4, *inputs.shape[1:])
+    return [
+        (torch.randn(shape, generator=gen), torch.randn(4, n_out, generator=gen)) for _ in range(n)
+    ]
+
+
+def _mse(out, y):
+    return ((out - y) ** 2).mean()
+
+
+def _ce(out, y):
+    return torch.nn.functional.cross_entropy(out, y)
+
+
+def _moved(model, spec, element):
+    sd = {k: v.double() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    other = copy.deepcopy(model).double()
+    other.load_state_dict(spec.act(element, sd))
+    return other
+
+
+def _safe_groups(spec, kinds):
+    """Groups of ``kinds``; scaling groups that rescale rows of a GL block are left out."""
+    gl_params = {p for g in spec.groups if g.kind == "gl" for p in g.params}
+    return [
+        i
+        for i, g in enumerate(spec.groups)
+        if g.kind in kinds and not (g.kind == "scaling" and set(g.params) & gl_params)
+    ]
+
+
+def _transformer(detected):
+    model, _, spec = detected("tiny-transformer")
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randn(4, 6, 4, generator=gen), torch.randint(0, 3, (4,), generator=gen))
+        for _ in range(2)
+    ]
+    return model, spec, batches, _ce
+
+
+def _bert(detected):
+    model, _, spec = detected("bert")
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        (
+            {"input_ids": torch.randint(0, 100, (2, 7), generator=gen)},
+            torch.randn(2, 3, generator=gen),
+        )
+    ]
+
+    def loss(out, y):
+        return ((out.last_hidden_state[:, 0, :3] - y) ** 2).mean()
+
+    return model, spec, batches, loss
+
+
+def _mlp(detected):
+    model, inputs, spec = detected("mlp-relu")
+    return model, spec, _regression(model, inputs, 3), _mse
+
+
+SETUPS = {"mlp-relu": _mlp, "tiny-transformer": _transformer, "bert": _bert}
+
+
+@pytest.mark.parametrize("name", ["tiny-transformer", "bert", "linear-linear"])
+def test_quotient_round_trip(detected, name):
+    model, _, spec = detected(name)
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    q = quotient.Quotient(spec, params)
+    assert q.blocks
+    for i, block in q.blocks:
+        ref = units.block_matrices(spec, params, spec.groups[i])
+        assert torch.equal(ref[0], block.G) and torch.equal(ref[1], block.H)
+    back = q.scatter([b for _, b in q.blocks])
+    for n, p in params.items():
+        mask = q.covered[n]
+        assert torch.equal(back[n][mask], p[mask])
+        assert torch.equal(back[n][~mask], torch.zeros_like(p[~mask]))
+
+
+CLAIMS = [
+    ("mlp-relu", "adaptive", ["scaling", "permutation"]),
+    ("tiny-transformer", "adaptive", ["scaling", "sign", "permutation"]),
+    ("tiny-transformer", "geodesic-inv", ["gl", "scaling", "sign", "permutation"]),
+    ("tiny-transformer", "geodesic-mix", ["gl", "scaling", "sign", "permutation"]),
+    ("bert", "geodesic-mix", ["gl", "permutation"]),
+]
+
+
+@pytest.mark.parametrize(("name", "measure", "kinds"), CLAIMS)
+def test_worst_case_invariant(detected, name, measure, kinds):
+    model, spec, batches, loss = SETUPS[name](detected)
+    groups = _safe_groups(spec, kinds) if measure.startswith("geodesic") else None
+    element = sample(spec, seed=3, kinds=kinds if groups is None else None, groups=groups)
+    a = sharpness(model, batches, loss, spec=spec, measure=measure, steps=6)
+    b = sharpness(_moved(model, spec, element), batches, loss, spec=spec, measure=measure, steps=6)
+    print(f"{name} {measure}: {a:.6g} vs {b:.6g}")
+    assert a > 0
+    assert abs(a - b) <= RATIO * abs(a)
+
+
+AVERAGE_CLAIMS = [
+    ("mlp-relu", "adaptive", ["scaling"]),
+    ("tiny-transformer", "adaptive", ["scaling", "sign"]),
+    ("tiny-transformer", "geodesic-inv", ["gl", "scaling"]),
+    ("tiny-transformer", "geodesic-mix", ["gl", "scaling"]),
+]
+
+
+@pytest.mark.parametrize(("name", "measure", "kinds"), AVERAGE_CLAIMS)
+def test_average_case_invariant(detected, name, measure, kinds):
+    """Same seed: exact for continuous groups (directions drawn in metric coordinates)."""
+    model, spec, batches, loss = SETUPS[name](detected)
+    groups = _safe_groups(spec, kinds)
+    element = sample(spec, seed=3, groups=groups)
+    kw = {"spec": spec, "measure": measure, "average": True, "rho": 1.0}
+    a = sharpness(model, batches, loss, **kw)
+    b = sharpness(_moved(model, spec, element), batches, loss, **kw)
+    print(f"{name} {measure} average: {a:.6g} vs {b:.6g}")
+    assert abs(a - b) <= RATIO * abs(a)
+
+
+@pytest.mark.parametrize(
+    ("name", "kinds"), [("mlp-relu", ["scaling"]), ("tiny-transformer", ["gl"])]
+)
+def test_euclidean_is_not_invariant(detected, name, kinds):
+    model, spec, batches, loss = SETUPS[name](detected)
+    moved = _moved(model, spec, spec.sample(3, kinds=kinds))
+    a = sharpness(model, batches, loss, spec=spec, measure="euclidean", steps=6)
+    b = sharpness(moved, batches, loss, spec=spec, measure="euclidean", steps=6)
+    print(f"{name} euclidean under {kinds}: {a:.6g} vs {b:.6g}")
+    assert abs(a - b) > RATIO * abs(a)
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_same_seed_same_value(detected, average):
+    model, spec, batches, loss = _transformer(detected)
+    kw = {"spec": spec, "measure": "geodesic-mix", "average": average, "steps": 4}
+    a = sharpness(model, batches, loss, seed=5, **kw)
+    assert a == sharpness(model, batches, loss, seed=5, **kw)
+    if average:
+        assert a != sharpness(model, batches, loss, seed=6, **kw)
+
+
+def test_detects_spec_when_none(detected):
+    model, spec, batches, loss = _transformer(detected)
+    a = sharpness(model, batches, loss, measure="geodesic-inv", steps=3)
+    assert a == sharpness(model, batches, loss, spec=spec, measure="geodesic-inv", steps=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"rho": 0.0}, {"rho": -1.0}, {"measure": "sam"}, {"steps": 0}, {"bogus": 1}]
+)
+def test_bad_input(detected, kwargs):
+    model, spec, batches, loss = _mlp(detected)
+    kwargs = {"measure": "adaptive", **kwargs}
+    with pytest.raises(WsymInputError) as info:
+        sharpness(model, batches, loss, spec=spec, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_singular_block_is_finite(detected):
+    model, spec, batches, loss = _transformer(detected)
+    model = copy.deepcopy(model)
+    with torch.no_grad():  # head 0's query features and head 1's keys: rank-deficient blocks
+        model.blocks[0].attn.q.weight[:4] = 0
+        model.blocks[0].attn.q.bias[:4] = 0
+        model.blocks[0].attn.k.weight[4:] = 0
+    for measure in ("geodesic-inv", "geodesic-mix"):
+        for average in (False, True):
+            value = sharpness(model, batches, loss, spec=spec, measure=measure, average=average)
+            assert torch.isfinite(torch.tensor(value))
+
+
+def test_no_gl_reduces_to_adaptive(detected):
+    model, spec, batches, loss = _mlp(detected)
+    with pytest.warns(SymmetryWarning, match="no GL group"):
+        a = sharpness(model, batches, loss, spec=spec, measure="geodesic-mix", steps=4)
+    assert a == sharpness(model, batches, loss, spec=spec, measure="adaptive", steps=4)
+
+
+def test_curvature_measures(detected):
+    model, _, spec = detected("mlp-relu")
+    model = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 6, generator=gen)
+    y = torch.randint(0, 3, (32,), generator=gen)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(100):  # trained-ish
+        opt.zero_grad()
+        _ce(model(x), y).backward()
+        opt.step()
+    batches = [(x[:16], y[:16]), (x[16:], y[16:])]
+    trace = sharpness(model, batches, _ce, spec=spec, measure="hessian-trace", probes="exact")
+    top = sharpness(model, batches, _ce, spec=spec, measure="lambda-max")
+    fisher = sharpness(model, batches, _ce, spec=spec, measure="fisher", probes=20)
+    print(f"trace {trace:.4g}, lambda_max {top:.4g}, fisher {fisher:.4g}")
+    assert trace > 0 and top > 0 and trace >= top - 1e-8
+    assert torch.isfinite(torch.tensor(fisher))

@@ -1,0 +1,169 @@
+"""From a SymmetrySpec and a parameter dict to batched GL blocks, and back.
+
+The quotient geometry of :mod:`wsym.geometry` works on GL blocks ``(G, H)``,
+batched over heads. :func:`gather` reads them from a parameter dict, one
+:class:`~wsym.geometry.Pair` per ``gl`` group (``G`` the stack of the group's
+parity-0 rows, ``H`` of its parity-1 rows, exactly as
+:func:`wsym.units.block_matrices`); :func:`scatter` is its adjoint and inverse:
+it writes a pair of tangents ``(xi_G, xi_H)`` back into parameter-shaped
+tensors (zero outside the group's blocks). Both traverse the same leaf-level
+blocks (:func:`wsym.act.transform`) in the same order, so
+``scatter(gather(params))`` reproduces every covered entry exactly.
+
+Coverage: entries outside every GL block are measured with the elementwise
+adaptive metric ``||xi / |w| ||`` (:func:`wsym.geometry.adaptive_inner`). In the
+paper scaling groups are ``GL(1)`` blocks per unit; this first version treats
+everything outside GL blocks elementwise, which is exactly invariant to
+scaling, sign and norm-scaling groups (elementwise rescalings) and to
+permutations, but not to orthogonal groups or translations. ``orthogonal``
+groups are left elementwise too. A GL group whose entries overlap an earlier
+group's, or that lacks one of the two parities, is left out (elementwise).
+
+Shapes:
+    ``gather``: ``{name: (*shape)}`` -> list of ``(group index, Pair)`` with
+    ``G (*index, n, h)``, ``H (*index, m, h)``.
+
+Example:
+    >>> import torch, wsym
+    >>> from wsym.reference import MLP
+    >>> model = MLP(4, [3], 2, "identity").double()
+    >>> spec = wsym.detect(model, torch.randn(2, 4, dtype=torch.float64))
+    >>> params = dict(model.named_parameters())
+    >>> blocks = gather(spec, params)
+    >>> [tuple(b.G.shape[-1:]) for _, b in blocks]
+    [(3,)]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from wsym.act import transform
+from wsym.geometry import Pair
+from wsym.spec import Group, SymmetrySpec
+from wsym.units import class_params
+
+__all__ = ["Quotient", "gather", "gl_groups", "scatter"]
+
+
+def _group_params(spec: SymmetrySpec, group: Group, names) -> list[str]:
+    """Parameters (present in ``names``) with an axis of ``group``'s class, in spec order."""
+    return [p for p in class_params(spec, group.cls) if p in names]
+
+
+def _visit(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Tensor]:
+    """Call ``fn(moved_block, parity) -> moved_block`` on every block of ``group``.
+
+    ``moved_block`` has the index axes first and the class axis last (as in
+    :func:`wsym.units.block_matrices`); the returned tensors are put back in
+    place. Returns the rebuilt tensors of the group's parameters.
+    """
+    layout = spec.layout
+    out = {}
+    for p in _group_params(spec, group, tensors):
+
+        def one(block, lv):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+            if len(axes) != 1:
+                return block
+            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
+            src, dst = [*idx, axes[0]], [*range(len(idx)), block.ndim - 1]
+            moved = fn(block.movedim(src, dst), lv[axes[0]].parity)
+            return moved.movedim(dst, src)
+
+        out[p] = transform(tensors[p], list(layout[p]), one)
+    return out
+
+
+def gather_group(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]:
+    """``{parity: (*index, rows, h)}`` of ``group`` (as ``units.block_matrices``)."""
+    parts: dict[int, list] = {0: [], 1: []}
+
+    def grab(moved, parity):
+        lead = moved.shape[: len(group.index)]
+        parts[parity].append(moved.reshape(*lead, -1, group.size))
+        return moved
+
+    _visit(spec, group, tensors, grab)
+    return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
+
+
+def scatter_group(
+    spec: SymmetrySpec, group: Group, pair: Pair, like: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Parameter-shaped tensors holding ``pair``'s rows (zero elsewhere); inverse of gathering."""
+    offset = {0: 0, 1: 0}
+    src = {0: pair.G, 1: pair.H}
+
+    def put(moved, parity):
+        lead = moved.shape[: len(group.index)]
+        rows = moved.reshape(*lead, -1, group.size).shape[-2]
+        start = offset[parity]
+        offset[parity] = start + rows
+        return src[parity][..., start : start + rows, :].reshape(moved.shape)
+
+    zeros = {p: torch.zeros_like(like[p], dtype=pair.G.dtype) for p in like}
+    return _visit(spec, group, zeros, put)
+
+
+def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
+    """Indices of the GL groups used as blocks: both parities present, no overlaps."""
+    taken: dict[str, Tensor] = {}
+    chosen = []
+    for i, group in enumerate(spec.groups):
+        if group.kind != "gl" or not _group_params(spec, group, params):
+            continue
+        parts = gather_group(spec, group, params)
+        if set(parts) != {0, 1}:
+            continue
+        ones = Pair(torch.ones_like(parts[0]), torch.ones_like(parts[1]))
+        mask = {p: t != 0 for p, t in scatter_group(spec, group, ones, params).items()}
+        if any((taken[p] & m).any() for p, m in mask.items() if p in taken):
+            continue
+        for p, m in mask.items():
+            taken[p] = taken[p] | m if p in taken else m
+        chosen.append(i)
+    return chosen
+
+
+def gather(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[tuple[int, Pair]]:
+    """``[(group index, Pair(G, H))]`` for the GL groups of :func:`gl_groups`."""
+    out = []
+    for i in gl_groups(spec, params):
+        parts = gather_group(spec, spec.groups[i], params)
+        out.append((i, Pair(parts[0], parts[1])))
+    return out
+
+
+def scatter(
+    spec: SymmetrySpec, tangents: list[tuple[int, Pair]], like: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Sum over groups of their pairs, written into tensors shaped like ``like``."""
+    out = {p: torch.zeros_like(t) for p, t in like.items()}
+    for i, pair in tangents:
+        for p, t in scatter_group(spec, spec.groups[i], pair, like).items():
+            out[p] = out[p] + t
+    return out
+
+
+class Quotient:
+    """GL blocks of a parameter dict and the mask of the entries they cover.
+
+    Attributes:
+        spec: the symmetry spec.
+        params: ``{name: tensor}`` the blocks were read from.
+        blocks: ``[(group index, Pair(G, H))]``.
+        covered: ``{name: bool tensor}``, True on entries inside some GL block.
+    """
+
+    def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):
+        self.spec, self.params = spec, params
+        self.blocks = gather(spec, params)
+        ones = [(i, Pair(torch.ones_like(b.G), torch.ones_like(b.H))) for i, b in self.blocks]
+        self.covered = {p: t != 0 for p, t in scatter(spec, ones, params).items()}
+
+    def scatter(self, tangents: list[Pair]) -> dict[str, Tensor]:
+        """Write one pair per block (in :attr:`blocks` order) into parameter-shaped tensors."""
+        pairs = [(i, t) for (i, _), t in zip(self.blocks, tangents, strict=True)]
+        return scatter(self.spec, pairs, self.params)
