@@ -111,6 +111,17 @@ class RMSResidual(nn.Module):
         return self.out(self.norm(h))
 
 
+class DiagonalNet(nn.Module):
+    """y = x^T (u * v): coordinates cannot move (inputs), but u_i v_i is all that matters."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        self.u, self.v = nn.Parameter(torch.randn(d)), nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return x @ (self.u * self.v)
+
+
 class Concat(nn.Module):
     """Two branches concatenated along channels: each branch's channels permute alone."""
 
@@ -257,6 +268,8 @@ CASES = [
         lambda: torch.randint(0, 11, (2, 6)),
         {"gl": 4, "permutation": 5, "scaling": 7, "sign": 5, "translation": 2},
     ),
+    # a class tied to the inputs cannot be permuted, but its diagonal groups survive
+    Case("diagonal-net", DiagonalNet, lambda: torch.randn(5, 6), {"scaling": 1, "sign": 1}),
     Case("concat", Concat, lambda: torch.randn(2, 2, 5, 5), {"permutation": 3, "scaling": 3}),
     Case(
         "tied-embedding",
@@ -281,7 +294,7 @@ CASES = [
         "transformer-encoder-layer",
         MHAClassifier,
         lambda: torch.randn(2, 5, 16),
-        {"gl": 2, "permutation": 2, "scaling": 1, "translation": 2},
+        {"gl": 2, "permutation": 2, "scaling": 2, "sign": 1, "translation": 2},
     ),
     Case("gqa", GQA, lambda: torch.randn(2, 5, 12), {"gl": 2, "permutation": 2, "translation": 1}),
     Case(

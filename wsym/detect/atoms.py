@@ -31,6 +31,7 @@ class AtomTable:
     blocked: dict[int, str] = field(default_factory=dict)
     breaks: dict[int, set[str]] = field(default_factory=dict)
     conflict: set[int] = field(default_factory=set)
+    pinned: set[int] = field(default_factory=set)
 
     def new(self, size: int, split: tuple[str, list[int]] | None = None) -> int:
         """Create a fresh atom of ``size`` (optionally already split)."""
@@ -97,8 +98,14 @@ class AtomTable:
             self.union(ca, cb, rel)
 
     def block(self, a: int, reason: str) -> None:
-        """Forbid any group action on the class of ``a``."""
+        """Forbid permutations and mixing on the class of ``a``, and pin ``a`` itself.
+
+        A pinned occurrence (a model input or output, an operand of an unknown
+        op) must not move at all; other occurrences of a blocked class may still
+        carry diagonal groups whose exponents vanish on every pinned one.
+        """
         self.blocked.setdefault(self.root(a), reason)
+        self.pinned.add(a)
 
     def mark(self, a: int, *kinds: str) -> None:
         """Record that the class of ``a`` cannot carry the continuous ``kinds`` ("gl", "orth")."""

@@ -167,7 +167,7 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     rows = _relation_rows(ctx, st)
     groups = []
     for cls, info in sorted(st.info.items()):
-        if info.blocked or not info.params or info.size <= 1:
+        if not info.params or info.size <= 1:
             continue
         groups.extend(
             _class_groups(
@@ -267,6 +267,10 @@ def _class_groups(
     ctx, st, cls, info, tensors, rows, param_vars, var_ids, layouts, state_keys
 ) -> list[Group]:
     params = tuple(sorted(info.params))
+    if info.blocked:  # no permutation or mixing; diagonal groups that leave pinned axes alone
+        pinned = [{k: 1} for a in ctx.atoms.pinned for k, r, _ in st.leaves(a) if r == cls]
+        args = (ctx, cls, info, rows, param_vars, var_ids, layouts, state_keys)
+        return _diagonal_groups(*args, pinned)
     if "gl" not in info.breaks and not info.conflict:
         index = _index_classes(ctx, st, cls, tensors)
         count = 1
@@ -283,8 +287,18 @@ def _class_groups(
             Group("orthogonal", info.size, count, params, cls=cls, index=index, special=special)
         ]
     groups = [Group("permutation", info.size, 1, params, cls=cls)]
+    return groups + _diagonal_groups(
+        ctx, cls, info, rows, param_vars, var_ids, layouts, state_keys, []
+    )
+
+
+def _diagonal_groups(
+    ctx, cls, info, rows, param_vars, var_ids, layouts, state_keys, extra
+) -> list[Group]:
+    """Scaling and sign groups of a class: the nullspaces of its exponent relations."""
+    groups = []
     for system, modulus in (("scale", None), ("sign", 2)):
-        class_rows = rows.get((system, cls), [])
+        class_rows = rows.get((system, cls), []) + extra
         own = {k for k, r in param_vars.items() if r == cls}
         variables = sorted({k for row in class_rows for k in row} | own, key=str)
         basis = nullspace(variables, class_rows, modulus)
