@@ -87,6 +87,8 @@ def test_quotient_round_trip(detected, name):
     q = quotient.Quotient(spec, params)
     assert q.blocks
     for i, block in q.blocks:
+        if spec.groups[i].kind != "gl":  # GL(1) scaling blocks: see test_scaling_is_gl1_block
+            continue
         ref = units.block_matrices(spec, params, spec.groups[i])
         assert torch.equal(ref[0], block.G) and torch.equal(ref[1], block.H)
     back = q.scatter([b for _, b in q.blocks])
@@ -215,3 +217,52 @@ def test_curvature_measures(detected):
     print(f"trace {trace:.4g}, lambda_max {top:.4g}, fisher {fisher:.4g}")
     assert trace > 0 and top > 0 and trace >= top - 1e-8
     assert torch.isfinite(torch.tensor(fisher))
+
+
+class _Diagonal(torch.nn.Module):
+    """Diagonal linear network ``y = x @ (u * v)``: one scaling group on (u, v)."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.u = torch.nn.Parameter(torch.randn(d, generator=gen, dtype=torch.float64))
+        self.v = torch.nn.Parameter(torch.randn(d, generator=gen, dtype=torch.float64))
+
+    def forward(self, x):
+        return x @ (self.u * self.v)
+
+
+def _diagonal():
+    import wsym
+
+    model = _Diagonal()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 6, generator=gen, dtype=torch.float64)
+    y = torch.randn(5, generator=gen, dtype=torch.float64)
+    return model, wsym.detect(model, x), [(x, y)], _mse
+
+
+def test_scaling_is_gl1_block():
+    model, spec, _, _ = _diagonal()
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    q = quotient.Quotient(spec, params)
+    assert [spec.groups[i].kind for i, _ in q.blocks] == ["scaling"]
+    (_, block), d = q.blocks[0], params["u"].numel()
+    assert block.G.shape == (d, 1, 1) and block.H.shape == (d, 1, 1)
+    assert torch.equal(block.G[:, 0, 0], params["u"]) and torch.equal(block.H[:, 0, 0], params["v"])
+    assert all(m.all() for m in q.covered.values())
+    back = q.scatter([block])
+    assert all(torch.equal(back[n], p) for n, p in params.items())
+
+
+@pytest.mark.parametrize("measure", ["geodesic-inv", "geodesic-mix"])
+def test_diagonal_geodesic_invariant(measure):
+    model, spec, batches, loss = _diagonal()
+    kw = {"spec": spec, "rho": 0.05, "steps": 10}
+    value = sharpness(model, batches, loss, measure=measure, **kw)
+    adaptive = sharpness(model, batches, loss, measure="adaptive", **kw)
+    assert abs(value - adaptive) > 1e-3 * abs(adaptive)
+    for seed in range(3):
+        other = _moved(model, spec, spec.sample(seed, kinds=["scaling"]))
+        moved = sharpness(other, batches, loss, measure=measure, **kw)
+        assert abs(moved / value - 1) < RATIO

@@ -4,24 +4,34 @@ The quotient geometry of :mod:`wsym.geometry` works on GL blocks ``(G, H)``,
 batched over heads. :func:`gather` reads them from a parameter dict, one
 :class:`~wsym.geometry.Pair` per ``gl`` group (``G`` the stack of the group's
 parity-0 rows, ``H`` of its parity-1 rows, exactly as
-:func:`wsym.units.block_matrices`); :func:`scatter` is its adjoint and inverse:
+:func:`wsym.units.block_matrices`) and one per ``scaling`` group used as a
+``GL(1)`` block (below); :func:`scatter` is its adjoint and inverse:
 it writes a pair of tangents ``(xi_G, xi_H)`` back into parameter-shaped
 tensors (zero outside the group's blocks). Both traverse the same leaf-level
 blocks (:func:`wsym.act.transform`) in the same order, so
 ``scatter(gather(params))`` reproduces every covered entry exactly.
 
-Coverage: entries outside every GL block are measured with the elementwise
-adaptive metric ``||xi / |w| ||`` (:func:`wsym.geometry.adaptive_inner`). In the
-paper scaling groups are ``GL(1)`` blocks per unit; this first version treats
-everything outside GL blocks elementwise, which is exactly invariant to
-scaling, sign and norm-scaling groups (elementwise rescalings) and to
-permutations, but not to orthogonal groups or translations. ``orthogonal``
-groups are left elementwise too. A GL group whose entries overlap an earlier
-group's, or that lacks one of the two parities, is left out (elementwise).
+Scaling groups as ``GL(1)`` blocks: a ``scaling`` group whose exponents are all
+``+1`` / ``-1`` (both present) is a block batched over its units: per unit,
+``G`` is the column of the entries with exponent ``+1`` and ``H`` of those with
+exponent ``-1`` (``(n_units, rows, 1)``), so ``s`` acts as ``G s, H / s``, the
+``GL(1)`` action. It is used only if the group's entries are disjoint from the
+chosen GL blocks and from every other continuous group's entries (``scaling``,
+``norm_scaling``, ``gl``, ``orthogonal``; e.g. two ReLU layers sharing a weight
+matrix), and if every entry it rescales is in its block; otherwise it stays
+elementwise.
+
+Coverage: entries outside every block are measured with the elementwise
+adaptive metric ``||xi / |w| ||`` (:func:`wsym.geometry.adaptive_inner`), which
+is exactly invariant to scaling, sign and norm-scaling groups (elementwise
+rescalings) and to permutations, but not to orthogonal groups or translations.
+``orthogonal`` groups are left elementwise too. A GL group whose entries overlap
+an earlier group's, or that lacks one of the two parities, is left out
+(elementwise).
 
 Shapes:
     ``gather``: ``{name: (*shape)}`` -> list of ``(group index, Pair)`` with
-    ``G (*index, n, h)``, ``H (*index, m, h)``.
+    ``G (*index, n, h)``, ``H (*index, m, h)`` (GL(1): ``(n_units, n, 1)``).
 
 Example:
     >>> import torch, wsym
@@ -44,7 +54,7 @@ from wsym.geometry import Pair
 from wsym.spec import Group, SymmetrySpec
 from wsym.units import class_params
 
-__all__ = ["Quotient", "gather", "gl_groups", "scatter"]
+__all__ = ["Quotient", "block_groups", "gather", "gl_groups", "scatter"]
 
 
 def _group_params(spec: SymmetrySpec, group: Group, names) -> list[str]:
@@ -76,9 +86,65 @@ def _visit(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Ten
     return out
 
 
+def _scaling_exps(group: Group) -> dict[int, int]:
+    return {var: e for var, e in group.exponents if e}
+
+
+def is_gl1(group: Group) -> bool:
+    """A ``scaling`` group whose exponents are all +1/-1, both present."""
+    exps = set(_scaling_exps(group).values())
+    return group.kind == "scaling" and exps == {1, -1}
+
+
+def _visit_scaling(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Tensor]:
+    """Call ``fn(moved_block, exponent)`` (unit axis first) on every +-1 block of ``group``."""
+    layout, exps = spec.layout, _scaling_exps(group)
+    out = {}
+    for p in _group_params(spec, group, tensors):
+
+        def one(block, lv):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+            if len(axes) != 1 or exps.get(lv[axes[0]].var, 0) not in (1, -1):
+                return block
+            moved = fn(block.movedim(axes[0], 0), exps[lv[axes[0]].var])
+            return moved.movedim(0, axes[0])
+
+        out[p] = transform(tensors[p], list(layout[p]), one)
+    return out
+
+
+def _touched(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
+    """``{name: bool}``: entries a continuous group changes (every block holding its class)."""
+    layout = spec.layout
+    exps = _scaling_exps(group) if group.kind in ("scaling", "norm_scaling") else None
+    out = {}
+    for p in _group_params(spec, group, params):
+
+        def one(block, lv):
+            hit = any(
+                leaf.cls == group.cls and (exps is None or exps.get(leaf.var, 0)) for leaf in lv
+            )
+            return torch.ones_like(block) if hit else block
+
+        out[p] = transform(torch.zeros_like(params[p], dtype=torch.bool), list(layout[p]), one)
+    return out
+
+
 def gather_group(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]:
-    """``{parity: (*index, rows, h)}`` of ``group`` (as ``units.block_matrices``)."""
+    """``{parity: (*index, rows, h)}`` of ``group`` (as ``units.block_matrices``).
+
+    GL(1) scaling groups: parity 0 holds the exponent +1 entries, parity 1 the
+    exponent -1 entries, as ``(n_units, rows, 1)``.
+    """
     parts: dict[int, list] = {0: [], 1: []}
+    if group.kind == "scaling":
+
+        def grab_unit(moved, e):
+            parts[0 if e == 1 else 1].append(moved.reshape(moved.shape[0], -1))
+            return moved
+
+        _visit_scaling(spec, group, tensors, grab_unit)
+        return {k: torch.cat(v, dim=1).unsqueeze(-1) for k, v in parts.items() if v}
 
     def grab(moved, parity):
         lead = moved.shape[: len(group.index)]
@@ -95,6 +161,17 @@ def scatter_group(
     """Parameter-shaped tensors holding ``pair``'s rows (zero elsewhere); inverse of gathering."""
     offset = {0: 0, 1: 0}
     src = {0: pair.G, 1: pair.H}
+    zeros = {p: torch.zeros_like(like[p], dtype=pair.G.dtype) for p in like}
+    if group.kind == "scaling":
+
+        def put_unit(moved, e):
+            parity = 0 if e == 1 else 1
+            rows = moved[0].numel()
+            start = offset[parity]
+            offset[parity] = start + rows
+            return src[parity][:, start : start + rows, 0].reshape(moved.shape)
+
+        return _visit_scaling(spec, group, zeros, put_unit)
 
     def put(moved, parity):
         lead = moved.shape[: len(group.index)]
@@ -103,7 +180,6 @@ def scatter_group(
         offset[parity] = start + rows
         return src[parity][..., start : start + rows, :].reshape(moved.shape)
 
-    zeros = {p: torch.zeros_like(like[p], dtype=pair.G.dtype) for p in like}
     return _visit(spec, group, zeros, put)
 
 
@@ -127,10 +203,48 @@ def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
     return chosen
 
 
+def _mask(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
+    parts = gather_group(spec, group, params)
+    ones = Pair(torch.ones_like(parts[0]), torch.ones_like(parts[1]))
+    return {p: t != 0 for p, t in scatter_group(spec, group, ones, params).items()}
+
+
+def _overlaps(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
+    return any((a[p] & m).any() for p, m in b.items() if p in a)
+
+
+def block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
+    """GL groups of :func:`gl_groups`, then the scaling groups usable as GL(1) blocks."""
+    chosen = gl_groups(spec, params)
+    taken: dict[str, Tensor] = {}
+    for i in chosen:
+        for p, m in _mask(spec, spec.groups[i], params).items():
+            taken[p] = taken[p] | m if p in taken else m
+    continuous = ("scaling", "norm_scaling", "gl", "orthogonal")
+    touched = {
+        i: _touched(spec, g, params)
+        for i, g in enumerate(spec.groups)
+        if g.kind in continuous and g.cls >= 0
+    }
+    for i, group in enumerate(spec.groups):
+        if not is_gl1(group) or not _group_params(spec, group, params):
+            continue
+        if set(gather_group(spec, group, params)) != {0, 1}:
+            continue
+        mask = _mask(spec, group, params)
+        own = touched[i]
+        if any(not torch.equal(own[p], mask.get(p, torch.zeros_like(own[p]))) for p in own):
+            continue  # an entry it rescales lies outside its block
+        if _overlaps(taken, mask) or any(_overlaps(t, mask) for j, t in touched.items() if j != i):
+            continue
+        chosen.append(i)
+    return chosen
+
+
 def gather(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[tuple[int, Pair]]:
-    """``[(group index, Pair(G, H))]`` for the GL groups of :func:`gl_groups`."""
+    """``[(group index, Pair(G, H))]`` for the blocks of :func:`block_groups`."""
     out = []
-    for i in gl_groups(spec, params):
+    for i in block_groups(spec, params):
         parts = gather_group(spec, spec.groups[i], params)
         out.append((i, Pair(parts[0], parts[1])))
     return out
@@ -148,13 +262,13 @@ def scatter(
 
 
 class Quotient:
-    """GL blocks of a parameter dict and the mask of the entries they cover.
+    """GL and GL(1) blocks of a parameter dict and the mask of the entries they cover.
 
     Attributes:
         spec: the symmetry spec.
         params: ``{name: tensor}`` the blocks were read from.
         blocks: ``[(group index, Pair(G, H))]``.
-        covered: ``{name: bool tensor}``, True on entries inside some GL block.
+        covered: ``{name: bool tensor}``, True on entries inside some GL or GL(1) block.
     """
 
     def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):

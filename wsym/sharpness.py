@@ -27,13 +27,16 @@ measure               perturbation                   invariant to (group kinds)
 ``fisher``            --                             elementwise rescalings (diagonal Fisher)
 ====================  =============================  ==========================================
 
-Geodesic measures (:mod:`wsym.quotient`): on each ``gl`` group's blocks ``(G, H)`` the
+Geodesic measures (:mod:`wsym.quotient`): on each ``gl`` group's blocks ``(G, H)``, and
+on each ``scaling`` group with exponents +-1 taken as ``GL(1)`` blocks per unit (``G`` the
+unit's exponent +1 entries, ``H`` its exponent -1 entries; only where no other
+continuous group touches them, e.g. not for two ReLU layers sharing a weight), the
 tangent is horizontal, measured with the invariant (``-inv``) or mixed (``-mix``) metric
 and moved along by :func:`wsym.geometry.geodesic_step`; every other entry uses the
 elementwise adaptive metric and a straight step. Caveat: a scaling group that rescales
 *rows* of a GL block (a LayerNorm gain in front of ``W_Q``) is not an isometry of the
 block metrics, so invariance to scaling holds for scaling groups outside GL blocks.
-Without GL groups the geodesic measures equal ``adaptive`` (with a warning).
+Without GL or GL(1) blocks the geodesic measures equal ``adaptive`` (with a warning).
 Average-case values (same seed) are exactly invariant to ``gl`` and to scaling groups
 outside GL blocks, ``adaptive`` also to sign groups; to permutations, and to sign
 groups acting on GL rows, only in distribution (the Gaussian draw is not permuted or
@@ -187,7 +190,7 @@ class Adaptive(Perturbation):
 
 
 class Geodesic(Adaptive):
-    """GL blocks with the invariant/mixed metric and geodesic steps; adaptive elsewhere."""
+    """GL / GL(1) blocks with the invariant/mixed metric and geodesic steps; adaptive elsewhere."""
 
     def __init__(self, params, spec: SymmetrySpec, metric: str):
         quotient = Quotient(spec, params)
@@ -434,7 +437,8 @@ def _geometry(model, batches, spec, measure, params) -> Perturbation:
     geom = Geodesic(params, spec, metric)
     if not geom.blocks:
         warnings.warn(
-            f"{measure}: the spec has no GL group; the measure equals 'adaptive'",
+            f"{measure}: the spec has no GL group (nor GL(1) scaling block); "
+            "the measure equals 'adaptive'",
             SymmetryWarning,
             stacklevel=3,
         )
