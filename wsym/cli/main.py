@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from wsym.cli import checkpoints
+from wsym.cli import checkpoints, sharpness
 from wsym.cli.common import EXIT_ERROR, EXIT_INPUT, EXIT_OK, add_command
 from wsym.errors import WsymInputError
 
@@ -48,6 +48,8 @@ examples:
   wsym detect --model torchvision:resnet18 --input 1,3,64,64
   wsym align --model wsym:mlp --config d_in=40 --input 8,40 a.pt b.pt --out b.aligned.pt
   wsym barrier --model wsym:mlp --config d_in=40 a.pt b.pt --data mnist1d --out barrier/
+  wsym sharpness --model wsym:mlp --config d_in=40 --checkpoint a.pt --data mnist1d \\
+      --measure adaptive
 
 run 'wsym COMMAND --help' for a command's options
 """
@@ -86,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     detect.add_argument("--seed", type=int, default=0, help="seed for weights and inputs")
     detect.set_defaults(handler=run_detect)
     checkpoints.add_commands(commands)
+    sharpness.add_command_to(commands)
 
     demo = add_command(
         commands, "demo", "detect symmetries of a few bundled architectures", _DEMO_EXAMPLE

@@ -81,14 +81,21 @@ def add_data_options(
 
 
 def prepare(
-    args: argparse.Namespace, checkpoints: Sequence[str], *, loss: bool = False
+    args: argparse.Namespace,
+    checkpoints: Sequence[str],
+    *,
+    loss: bool = False,
+    detect: bool = True,
 ) -> Prepared:
     """Check and load everything a checkpoint command needs; see the module docstring.
 
     Args:
         args: Parsed options of :func:`add_model_options` (and :func:`add_data_options`).
-        checkpoints: Paths of the checkpoints, the first one loaded into the model.
+        checkpoints: Paths of the checkpoints, the first one loaded into the model;
+            none keeps the freshly built (seeded) weights.
         loss: Also check that cross-entropy accepts the model's outputs on the data.
+        detect: Detect the spec when no ``--spec`` is given; False leaves it None
+            (and needs no example input).
 
     Raises:
         WsymInputError: Any problem with the options, the files or the data.
@@ -105,7 +112,7 @@ def prepare(
     if getattr(args, "batch_size", 1) < 1:
         raise WsymInputError(f"--batch-size must be positive, got {args.batch_size}")
     spec_text = read_spec_file(args.spec) if args.spec else None
-    if shape is None and spec_text is None and data_name is None:
+    if detect and shape is None and spec_text is None and data_name is None:
         raise WsymInputError(
             "no example input to detect symmetries with: pass --input SHAPE (e.g. 8,40), "
             "--data NAME, or --spec FILE saved by 'wsym detect --json'"
@@ -119,12 +126,15 @@ def prepare(
     model = build_model(args.model, config)
     for path, state in zip(checkpoints, states, strict=True):
         check_compatible(model.state_dict(), state, path)
-    model.load_state_dict(states[0])
+    if states:
+        model.load_state_dict(states[0])
     data = load_data(data_name) if data_name else None
     if data is not None:
         check_data_fits(model, data, args.model, loss=loss)
     if spec_text is not None:
         spec = spec_from_text(spec_text, args.spec, model)
+    elif not detect:
+        spec = None
     elif shape is not None:
         spec = wsym.detect(
             model, example_inputs(args.model, shape, model=model, config=config, seed=args.seed)

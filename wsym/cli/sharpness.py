@@ -1,0 +1,116 @@
+"""``wsym sharpness``: a checkpoint's sharpness on a dataset, by any of wsym's measures.
+
+Builds the model from ``--model``/``--config`` (as ``wsym detect``), loads the
+checkpoint, takes the first ``--batches`` batches of ``--data`` and calls
+:func:`wsym.sharpness` with cross-entropy. The spec (detected, or read from
+``--spec``) is only needed by the geodesic measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from typing import Any
+
+from wsym.cli.common import EXIT_OK, add_command
+from wsym.cli.prepare import add_data_options, add_model_options, prepare
+from wsym.errors import WsymInputError
+
+#: Measures that move along the spec's GL blocks, so need a spec.
+GEODESIC = ("geodesic-inv", "geodesic-mix")
+_EXAMPLE = """\
+examples:
+  wsym sharpness --model wsym:mlp --config d_in=40 --checkpoint net.safetensors \\
+      --data mnist1d --measure adaptive --rho 0.05
+  wsym sharpness --model wsym:mlp --config d_in=40 --checkpoint net.pt --data mnist1d \\
+      --split test --batches 2 --measure geodesic-mix --average --json
+
+measures: euclidean, adaptive, geodesic-inv, geodesic-mix (worst case, or --average
+over random directions), hessian-trace, lambda-max, fisher (curvature; --rho unused)
+"""
+
+
+def add_command_to(commands: Any) -> None:
+    """Add ``sharpness`` to the ``wsym`` parser."""
+    from wsym.sharpness import MEASURES
+
+    parser = add_command(
+        commands, "sharpness", "measure a checkpoint's sharpness on a dataset", _EXAMPLE
+    )
+    add_model_options(parser)
+    parser.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="weights to load (.safetensors/.pt/.pth/.bin); default: seeded fresh weights",
+    )
+    add_data_options(parser, "train", "to measure the loss on", required=True)
+    parser.add_argument(
+        "--batches", type=int, default=4, metavar="K", help="first K batches of --split (default 4)"
+    )
+    parser.add_argument("--measure", required=True, choices=MEASURES, help="sharpness measure")
+    parser.add_argument(
+        "--rho", type=float, default=0.05, help="perturbation radius, > 0 (default 0.05)"
+    )
+    parser.add_argument(
+        "--average", action="store_true", help="mean over random directions, not the worst case"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="ascent steps, or random directions with --average (default 10)",
+    )
+    parser.set_defaults(handler=run_sharpness)
+
+
+def run_sharpness(args: argparse.Namespace) -> int:
+    """``wsym sharpness``: print the measure and its value (or a JSON report)."""
+    import torch
+
+    import wsym
+
+    if not math.isfinite(args.rho) or args.rho <= 0:
+        raise WsymInputError(f"--rho must be a positive number, got {args.rho:g}")
+    if args.batches < 1:
+        raise WsymInputError(f"--batches must be positive, got {args.batches}")
+    if args.steps < 1:
+        raise WsymInputError(f"--steps must be positive, got {args.steps}")
+    checkpoints = [args.checkpoint] if args.checkpoint else []
+    job = prepare(args, checkpoints, loss=True, detect=args.measure in GEODESIC)
+    model = job.model.double()  # evaluated in float64: load a float64 checkpoint exactly
+    if job.states:
+        model.load_state_dict(job.states[0])
+    data = list(itertools.islice(job.data.batches(args.split, args.batch_size), args.batches))
+    value = wsym.sharpness(
+        model,
+        data,
+        torch.nn.functional.cross_entropy,
+        spec=job.spec,
+        measure=args.measure,
+        rho=args.rho,
+        average=args.average,
+        seed=args.seed,
+        steps=args.steps,
+    )
+    if args.json:
+        report = {
+            "measure": args.measure,
+            "rho": args.rho,
+            "value": value,
+            "average": args.average,
+            "model": args.model,
+            "config": args.config,
+            "checkpoint": args.checkpoint,
+            "data": args.data,
+            "split": args.split,
+            "batches": len(data),
+            "batch_size": args.batch_size,
+            "steps": args.steps,
+            "seed": args.seed,
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{args.measure} {value:.8g}")
+    return EXIT_OK
