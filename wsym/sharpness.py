@@ -58,8 +58,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
+from wsym.curvature.objective import batch_size, call
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.geometry import (
     Gram,
@@ -324,18 +324,6 @@ def _double(x: Any) -> Any:
     return x
 
 
-def _call(model: nn.Module, params: dict, inputs: Any):
-    if isinstance(inputs, dict):
-        return functional_call(model, params, (), inputs)
-    return functional_call(model, params, inputs if isinstance(inputs, tuple) else (inputs,))
-
-
-def _size(inputs: Any) -> int:
-    first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs
-    first = first[0] if isinstance(first, tuple | list) else first
-    return int(first.shape[0])
-
-
 def _check(batches, measure, rho, steps) -> None:
     if measure not in MEASURES:
         raise WsymInputError(
@@ -410,7 +398,7 @@ def sharpness(
     params = {n: p.detach() for n, p in model64.named_parameters() if p.requires_grad}
     geom = _geometry(model, batches, spec, measure, params)
     fs = [_batch_loss(model64, loss_fn, x, y) for x, y in batches64]
-    sizes = [_size(x) for x, _ in batches64]
+    sizes = [batch_size(x) for x, _ in batches64]
     weights = [n / sum(sizes) for n in sizes]
     with eval_mode(model64):
         if average:
@@ -421,7 +409,7 @@ def sharpness(
 
 
 def _batch_loss(model64, loss_fn, inputs, targets) -> Callable:
-    return lambda params: loss_fn(_call(model64, params, inputs), targets)
+    return lambda params: loss_fn(call(model64, params, inputs), targets)
 
 
 def _geometry(model, batches, spec, measure, params) -> Perturbation:

@@ -47,8 +47,19 @@ def as_args(inputs: Any) -> tuple:
 
 
 def batch_size(inputs: Any) -> int:
-    """Number of samples in ``inputs``: length of the first axis of the first tensor."""
-    return int(as_args(inputs)[0].shape[0])
+    """Number of samples in ``inputs``: the first axis of its first tensor.
+
+    ``inputs`` is a tensor, a tuple of positional inputs or a dict of keyword inputs.
+    """
+    first = next(iter(inputs.values())) if isinstance(inputs, dict) else as_args(inputs)[0]
+    return int(first.shape[0])
+
+
+def call(model: nn.Module, params: Params, inputs: Any) -> Any:
+    """``model`` at ``params`` on ``inputs``: a tensor, a tuple, or a dict of keyword inputs."""
+    if isinstance(inputs, dict):
+        return functional_call(model, params, (), inputs)
+    return functional_call(model, params, as_args(inputs))
 
 
 def batch_weights(batches: Sequence[Batch]) -> list[float]:
@@ -64,7 +75,7 @@ def batch_loss(model: nn.Module, loss_fn: LossFn, inputs: Any, targets: Any) -> 
     """The map ``params -> loss_fn(f(inputs; params), targets)`` of one batch."""
 
     def loss(params: Params) -> Tensor:
-        return loss_fn(functional_call(model, params, as_args(inputs)), targets)
+        return loss_fn(call(model, params, inputs), targets)
 
     return loss
 
