@@ -56,9 +56,6 @@ class Curve:
 
 def figure(curves: dict[str, Curve], title: str = ""):
     """A matplotlib figure of loss and accuracy along each labelled path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(9, 3.4))

@@ -13,6 +13,8 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
+from wsym.report.browser import COUNT_SCRIPT
+
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; color: #222;
        line-height: 1.45; padding: 0 1em; }
@@ -85,6 +87,7 @@ class Document:
             f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
             f"<style>{_STYLE}</style></head><body><h1>{title}</h1>"
             + "\n".join(self.parts)
+            + COUNT_SCRIPT
             + "</body></html>\n"
         )
 
