@@ -162,7 +162,7 @@ def test_kfac_preconditioner_matches_dense_inverse():
     torch.manual_seed(0)
     model = nn.Linear(5, 3).double()
     params = {n: p.detach() for n, p in model.named_parameters()}
-    pre = KroneckerFisher(damping=0.1, normalize=False)
+    pre = KroneckerFisher(damping=0.1, normalize=None)
     pre.estimate(model, params, x)
     _, _, A, G = pre.factors[""]
     dense = torch.kron(A, G)  # column-major vec of [W | b] (3 x 6)
@@ -176,7 +176,7 @@ def test_kfac_preconditioner_matches_dense_inverse():
     torch.testing.assert_close(out["bias"], ref[:, 5])
 
 
-def test_diagonal_preconditioner_is_normalized_damped_inverse_fisher():
+def test_diagonal_preconditioner_is_scaled_damped_inverse_fisher():
     x, _ = _classification()
     torch.manual_seed(0)
     model = nn.Linear(5, 3).double()
@@ -186,9 +186,13 @@ def test_diagonal_preconditioner_is_normalized_damped_inverse_fisher():
     fisher = wsym.curvature.diagonal_fisher(model, [(x, None)], 1, 0, params)
     mean = torch.cat([f.reshape(-1) for f in fisher.values()]).mean()
     inv = {n: 1 / (f + 0.01 * mean) for n, f in fisher.items()}
-    scale = torch.cat([u.reshape(-1) for u in inv.values()]).mean()
-    for n in params:
-        torch.testing.assert_close(pre.diagonal[n], inv[n] / scale)
+    for n in params:  # U = 1 at the mean curvature
+        torch.testing.assert_close(pre.diagonal[n], inv[n] * (1 + 0.01) * mean)
+    trace = DiagonalFisher(damping=0.01, normalize="trace")
+    trace.estimate(model, params, x)
+    assert float(torch.cat([u.reshape(-1) for u in trace.diagonal.values()]).mean()) == (
+        pytest.approx(1.0)
+    )
 
 
 class _Counting(FixedDiagonal):

@@ -69,7 +69,7 @@ class LLQRSAM(SharpnessAware):
             :class:`~wsym.optim.precondition.Preconditioner` instance.
         refresh: ``K``, steps between refreshes of :math:`U` (>= 1; the first step refreshes).
         beta: moving-average factor of the refresh, in [0, 1).
-        damping: relative damping of the Fisher, > 0.
+        damping: Fisher damping relative to its mean curvature, > 0.
         normalize: ``"metric"`` (:math:`\sqrt{g^\top U g}`) or ``"euclidean"`` (:math:`\|Ug\|`).
         **kwargs: passed to ``base_optimizer`` (``lr``, ``momentum``, ...).
     """
@@ -82,7 +82,7 @@ class LLQRSAM(SharpnessAware):
         preconditioner: str | Preconditioner = "diagonal",
         refresh: int = 100,
         beta: float = 0.95,
-        damping: float = 1e-3,
+        damping: float = 0.1,
         normalize: str = "metric",
         **kwargs: Any,
     ):

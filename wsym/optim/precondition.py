@@ -17,10 +17,17 @@ model (the true Fisher, not the empirical one; :mod:`wsym.curvature`):
 These are the structured solutions K-FAC and diagonal natural gradient use; they
 are not the minimizers of the LQR objective within each structure, which the
 learned LLQR preconditioner is (a known gap). The damping is relative:
-:math:`\delta = \text{damping} \times` the mean diagonal of the Fisher (block), so
-it does not depend on the loss scale. With ``normalize=True`` (default), :math:`U`
-is divided by its mean eigenvalue :math:`\operatorname{Tr}U / P`, so only its shape
-matters and the base optimizer's learning rate keeps its usual meaning.
+:math:`\delta = \text{damping} \times m` with :math:`m = \operatorname{Tr}\hat F / P` the
+mean curvature over all ``P`` parameters, so it does not depend on the loss scale.
+Scale of :math:`U` (``normalize``):
+
+* ``"curvature"`` (default): :math:`U = (m + \delta)(\hat F + \delta)^{-1}`, equal to 1
+  in directions of mean curvature, below 1 in sharper ones, at most
+  :math:`1 + 1/\text{damping}` in flat ones, so the base optimizer's learning rate
+  keeps its meaning for typical directions;
+* ``"trace"``: :math:`U / (\operatorname{Tr} U / P)`, mean eigenvalue 1 (dominated by
+  the flattest, damped directions: it shrinks the informative ones);
+* ``None``: the plain inverse :math:`(\hat F + \delta)^{-1}`.
 
 Refresh every ``K`` steps as a slow moving average (LLQR: :math:`\beta \approx 0.95`):
 diagonal, :math:`U \leftarrow \beta U + (1-\beta) U_{new}`; K-FAC, on the factors
@@ -49,18 +56,27 @@ from wsym.curvature.kfac import kfac_factors
 from wsym.errors import WsymInputError
 
 Params = dict[str, Tensor]
+NORMALIZE = ("curvature", "trace", None)
 
 
 class Preconditioner:
     """Base: :meth:`estimate` refreshes :math:`U` from a batch, :meth:`apply` returns ``U g``."""
 
     def __init__(
-        self, beta: float = 0.95, damping: float = 1e-3, samples: int = 1, normalize: bool = True
+        self,
+        beta: float = 0.95,
+        damping: float = 0.1,
+        samples: int = 1,
+        normalize: str | None = "curvature",
     ):
         if not isinstance(beta, int | float) or not 0 <= beta < 1:
             raise WsymInputError(f"beta must be in [0, 1), got {beta!r}; pass e.g. beta=0.95")
         if not isinstance(damping, int | float) or not damping > 0:
-            raise WsymInputError(f"damping must be > 0, got {damping!r}; pass e.g. damping=1e-3")
+            raise WsymInputError(f"damping must be > 0, got {damping!r}; pass e.g. damping=0.1")
+        if normalize not in NORMALIZE:
+            raise WsymInputError(
+                f"normalize must be 'curvature', 'trace' or None, got {normalize!r}"
+            )
         self.beta, self.damping, self.samples, self.normalize = beta, damping, samples, normalize
         self.refreshes = 0
 
@@ -111,7 +127,9 @@ class DiagonalFisher(Preconditioner):
         fisher = self._fisher(model, params, inputs)
         mean = torch.cat([f.reshape(-1) for f in fisher.values()]).mean()
         new = {n: 1.0 / (f + self.damping * mean) for n, f in fisher.items()}
-        if self.normalize:
+        if self.normalize == "curvature":
+            new = {n: u * (1 + self.damping) * mean for n, u in new.items()}
+        elif self.normalize == "trace":
             total = torch.cat([u.reshape(-1) for u in new.values()]).mean()
             new = {n: u / total for n, u in new.items()}
         old = self.diagonal
@@ -158,21 +176,28 @@ class KroneckerFisher(Preconditioner):
         self.refreshes += 1
 
     def _decompose(self) -> None:
-        trace, count = 0.0, 0
+        spectra, curvature, count = {}, 0.0, 0
         for m, (_, _, A, G) in self.factors.items():
             lam_a, u_a = torch.linalg.eigh(A)
             lam_g, u_g = torch.linalg.eigh(G)
-            delta = self.damping * lam_a.clamp_min(0).mean() * lam_g.clamp_min(0).mean()
-            denom = lam_g.clamp_min(0)[:, None] * lam_a.clamp_min(0)[None, :] + delta
-            self.eigen[m] = (u_a, u_g, denom)
-            trace, count = trace + float((1.0 / denom).sum()), count + denom.numel()
-        self.rest_inverse = {}
-        if self.rest:
-            mean = torch.cat([f.reshape(-1) for f in self.rest.values()]).mean()
-            self.rest_inverse = {n: 1.0 / (f + self.damping * mean) for n, f in self.rest.items()}
+            lam = lam_g.clamp_min(0)[:, None] * lam_a.clamp_min(0)[None, :]
+            spectra[m] = (u_a, u_g, lam)
+            curvature, count = curvature + float(lam.sum()), count + lam.numel()
+        rest = self.rest or {}
+        curvature += float(sum(f.sum() for f in rest.values()))
+        count += sum(f.numel() for f in rest.values())
+        mean = curvature / max(count, 1)
+        delta = self.damping * mean
+        self.eigen = {m: (u_a, u_g, lam + delta) for m, (u_a, u_g, lam) in spectra.items()}
+        self.rest_inverse = {n: 1.0 / (f + delta) for n, f in rest.items()}
+        if self.normalize == "curvature":
+            self.scale = (1 + self.damping) * mean
+        elif self.normalize == "trace":
+            trace = sum(float((1.0 / d).sum()) for _, _, d in self.eigen.values())
             trace += float(sum(u.sum() for u in self.rest_inverse.values()))
-            count += sum(u.numel() for u in self.rest_inverse.values())
-        self.scale = count / trace if self.normalize and trace > 0 else 1.0
+            self.scale = count / trace
+        else:
+            self.scale = 1.0
 
     def apply(self, grads):
         """:math:`U g`, blockwise."""
