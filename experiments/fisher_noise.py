@@ -39,6 +39,7 @@ import warnings
 
 import torch
 from scipy.stats import kendalltau, spearmanr
+from torch import nn
 from torch.nn import functional as F
 
 import wsym
@@ -51,7 +52,7 @@ def last_layer_alignment(model: MLP, x: torch.Tensor, y: torch.Tensor) -> tuple[
     """Cosine similarity of the noise covariance and the Fisher on the last layer; Tr ratio."""
     model = model.double().eval()
     with torch.no_grad():
-        h = model[:-1](x.double())
+        h = nn.Sequential(*list(model)[:-1])(x.double())
         p = model[-1](h).softmax(-1)
     hb = torch.cat([h, torch.ones_like(h[:, :1])], 1)  # (N, d+1)
     e = p - F.one_hot(y, p.shape[1]).double()  # (N, C)
@@ -65,6 +66,7 @@ def last_layer_alignment(model: MLP, x: torch.Tensor, y: torch.Tensor) -> tuple[
 
 
 def run(batch: int, lr: float, seed: int, epochs: int, data) -> dict:
+    """Train one MLP; its test accuracy, S_R and last-layer noise-Fisher alignment."""
     torch.manual_seed(seed)
     model = MLP(40, [64], 10)
     result = train(model, data, epochs=epochs, lr=lr, batch_size=batch, momentum=0.0, seed=seed)
@@ -78,6 +80,7 @@ def run(batch: int, lr: float, seed: int, epochs: int, data) -> dict:
 
 
 def main() -> None:
+    """Run the grid and print the table and rank correlations."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="16,64,256")
     parser.add_argument("--lrs", default="0.02,0.05,0.1")
