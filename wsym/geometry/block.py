@@ -18,10 +18,10 @@ gives the exact formulas (and inf/NaN on singular blocks).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal, NamedTuple
-import weakref
 
 import torch
 from torch import Tensor
