@@ -1,10 +1,9 @@
 """Where units of members train: in this process, in local worker processes, or on Ray.
 
 A *unit* is a list of member ids of one shard. :func:`train_unit` trains one
-unit from nothing but ``(preset config, zoo seed, ids)``, single-threaded (with
-two or more intra-op threads small batched ops are many times slower on a
-loaded machine, and one thread makes the bits independent of the thread
-count), so every backend produces the same members bit for bit. Backends yield
+unit from nothing but ``(preset config, zoo seed, ids)``, on one thread (see
+:func:`~wsym.zoo.batched.train_members`), so every backend produces the same
+members bit for bit. Backends yield
 ``(ids, results)`` as units finish, in any order; the caller writes them.
 
 * ``local``, ``workers=1``: units run one after another in this process.
@@ -22,8 +21,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Any
-
-import torch
 
 from wsym.errors import WsymInputError
 from wsym.zoo.batched import Member, Trained, train_members
@@ -43,14 +40,9 @@ def plan_member(config: dict[str, Any], zoo_seed: int, member: int) -> Member:
 
 
 def train_unit(config: dict[str, Any], zoo_seed: int, ids: list[int]) -> list[Trained]:
-    """Train members ``ids`` of the zoo ``(config, zoo_seed)``, single-threaded."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        data = _dataset(json.dumps(config["dataset"], sort_keys=True))
-        return train_members(config, data, [plan_member(config, zoo_seed, i) for i in ids])
-    finally:
-        torch.set_num_threads(threads)
+    """Train members ``ids`` of the zoo ``(config, zoo_seed)`` (single-threaded)."""
+    data = _dataset(json.dumps(config["dataset"], sort_keys=True))
+    return train_members(config, data, [plan_member(config, zoo_seed, i) for i in ids])
 
 
 def run_units(

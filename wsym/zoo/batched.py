@@ -11,7 +11,16 @@ Each member draws everything from its own seeds (:func:`member_streams`):
 initial weights, its training subset (``train_fraction``), its label noise, its
 data order and its dropout masks. Nothing depends on the other members in its
 group, so a member comes out the same whichever members it trains with, in
-whichever order (``tests/test_zoo_train.py`` checks this bit for bit).
+whichever order: bit for bit for MLPs, transformers and diagonal networks
+(batched matmuls compute each member's product on its own); for the CNNs
+to float32 rounding only, because oneDNN's grouped convolutions (what
+``vmap`` makes of a convolution) round a member's output differently
+depending on the group (``tests/test_zoo_train.py`` checks both). PyTorch's
+native convolutions would be bit-independent but lose accuracy in float32
+training of BatchNorm nets (drifting ~1e-3 from a float64 reference within 30
+steps, where oneDNN stays within 1e-6), so oneDNN stays on. Builds are
+bit-identical regardless, because members always train in the same groups:
+a shard's members, split by architecture and batch size.
 
 Per member:
 
@@ -87,16 +96,23 @@ def train_members(preset: dict[str, Any], data: Dataset, members: list[Member]) 
     """Train ``members`` of ``preset`` on ``data``, batched; results in the order given.
 
     Members are grouped by architecture and batch size; each group trains as one
-    batched model (see the module docstring).
+    batched model (see the module docstring). Training runs on one thread
+    (restored after): with more, these small batched ops run
+    many times slower on a busy machine, and the bits would depend on the count.
     """
     groups: dict[str, list[Member]] = {}
     for member in members:
         key = json.dumps([member.architecture, member.hyperparameters["batch_size"]])
         groups.setdefault(key, []).append(member)
     done: dict[int, Trained] = {}
-    for group in groups.values():
-        for result in _GroupTrainer(preset, data, group).run():
-            done[result.id] = result
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for group in groups.values():
+            for result in _GroupTrainer(preset, data, group).run():
+                done[result.id] = result
+    finally:
+        torch.set_num_threads(threads)
     return [done[m.id] for m in members]
 
 

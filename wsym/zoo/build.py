@@ -99,10 +99,13 @@ def _open(out: Path, config: dict[str, Any], seed: int, members: int) -> dict[st
     path = out / store.MANIFEST
     if path.is_file():
         manifest = store.read_json(path)
-        if {k: manifest.get(k) for k in identity} != json.loads(json.dumps(identity)):
+        wanted = json.loads(json.dumps(identity))
+        differ = [k for k in identity if manifest.get(k) != wanted[k]]
+        if differ:
             raise WsymInputError(
                 f"{out} holds a different zoo (preset {manifest.get('preset')!r}, seed "
-                f"{manifest.get('seed')}); choose another --out or the same preset and seed"
+                f"{manifest.get('seed')}; differs in {', '.join(differ)}); "
+                "choose another --out, or the same preset, config and seed to resume"
             )
         if members <= manifest["members"]:
             return manifest

@@ -20,7 +20,7 @@ from typing import TextIO
 class Progress:
     """Members done out of ``total`` (``done`` already there), rate, ETA; redrawn on update.
 
-    On a terminal the line is redrawn in place (``\\r``); elsewhere each update
+    On a terminal the line is redrawn in place (carriage return); elsewhere each update
     prints a new line.
     """
 
