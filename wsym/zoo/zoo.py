@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ class Zoo:
         self._rows = {row["id"]: row for row in table}
         self._shards: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
         self._data: Dataset | None = None
+        self._key_order: dict[str, list[str]] = {}
 
     def __len__(self) -> int:
         return len(self.table)
@@ -71,7 +73,8 @@ class Zoo:
     def state_dict(self, member: int) -> dict[str, torch.Tensor]:
         """``member``'s trained weights and buffers, keyed as its module's ``state_dict``."""
         row = self.row(member)
-        return dict(self._shard(row["shard"], row["shard_sha256"])[member])
+        stored = self._shard(row["shard"], row["shard_sha256"])[member]
+        return {k: stored[k] for k in self._keys(row["architecture"])}
 
     def state_dicts(self, ids: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
         """State dicts of ``ids`` (default: every finished member, in table order)."""
@@ -92,6 +95,13 @@ class Zoo:
     def example_inputs(self, n: int = 8) -> torch.Tensor:
         """The first ``n`` test inputs of the zoo's dataset."""
         return self.dataset().x_test[:n].clone()
+
+    def _keys(self, architecture: dict[str, Any]) -> list[str]:
+        """State-dict keys of ``architecture``, in the module's order (safetensors sorts them)."""
+        key = json.dumps(architecture, sort_keys=True)
+        if key not in self._key_order:
+            self._key_order[key] = list(build_architecture(architecture).state_dict())
+        return self._key_order[key]
 
     def _shard(self, name: str, digest: str) -> dict[int, dict[str, torch.Tensor]]:
         if name not in self._shards:
