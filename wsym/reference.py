@@ -5,6 +5,7 @@
 * :class:`TinyTransformer` -- hand-written multi-head attention and an MLP block,
   pre-LayerNorm, on token ids or on patches.
 * :class:`CNN1d` -- two conv1d-BatchNorm-ReLU layers, pooled, for mnist1d signals.
+* :class:`DiagonalLinear` -- a diagonal linear network ``x^T (u * v)`` for sparse regression.
 """
 
 from __future__ import annotations
@@ -187,3 +188,24 @@ class CNN1d(nn.Module):
         h = torch.relu(self.bn1(self.conv1(x.unsqueeze(1))))
         h = torch.relu(self.bn2(self.conv2(h)))
         return self.head(h.mean(dim=2))
+
+
+class DiagonalLinear(nn.Module):
+    """Diagonal linear network ``y = x^T (u * v)``, ``u, v`` initialised ``N(0, 1/d)``.
+
+    Scaling the initialisation moves gradient descent between sparse (small
+    scale, L1-like) and dense (large scale, L2-like) solutions.
+
+    Example:
+        >>> DiagonalLinear(5)(torch.randn(3, 5)).shape
+        torch.Size([3])
+    """
+
+    def __init__(self, d: int = 100):
+        super().__init__()
+        self.u = nn.Parameter(torch.randn(d) * d**-0.5)
+        self.v = nn.Parameter(torch.randn(d) * d**-0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Predictions ``(B,)`` for inputs ``(B, d)``."""
+        return x @ (self.u * self.v)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from wsym.cli import checkpoints, report, sharpness
+from wsym.cli import checkpoints, report, sharpness, zoo
 from wsym.cli.common import EXIT_ERROR, EXIT_INPUT, EXIT_OK, add_command
 from wsym.errors import WsymInputError
 
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoints.add_commands(commands)
     sharpness.add_command_to(commands)
     report.add_command_to(commands)
+    zoo.add_command_to(commands)
 
     demo = add_command(
         commands, "demo", "detect symmetries of a few bundled architectures", _DEMO_EXAMPLE

@@ -1,0 +1,162 @@
+"""``wsym zoo build`` and ``wsym zoo info``: build (or resume) a model zoo, describe one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from wsym.cli.common import EXIT_OK, add_command
+from wsym.errors import WsymInputError
+
+_EXAMPLE = """\
+examples:
+  wsym zoo build --preset mnist1d-mlp --members 500 --out zoos/mlp --seed 0
+  wsym zoo build --preset mnist1d-mlp --members 1000 --out zoos/mlp --workers 2
+  wsym zoo build --preset digits-cnn --members 200 --out zoos/cnn --backend ray --workers 4
+  wsym zoo info zoos/mlp --plot gaps.png
+  wsym zoo info zoos/mlp --json
+
+presets: mnist1d-mlp, mnist1d-mlp-widths, mnist1d-cnn, digits-cnn, seq-transformer,
+diagonal, or a path to a preset .json file. Running build again on the same --out resumes.
+"""
+_QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def add_command_to(commands: Any) -> None:
+    """Add ``zoo`` (with ``build`` and ``info``) to the ``wsym`` parser."""
+    zoo = add_command(commands, "zoo", "build and describe model zoos", _EXAMPLE)
+    actions = zoo.add_subparsers(dest="zoo_command", metavar="ACTION", required=True)
+    build = add_command(actions, "build", "build or resume a model zoo", _EXAMPLE)
+    build.add_argument("--preset", required=True, help="preset name or preset .json path")
+    build.add_argument("--members", type=int, required=True, metavar="N", help="zoo size")
+    build.add_argument("--out", required=True, metavar="DIR", help="zoo directory")
+    build.add_argument("--seed", type=int, default=0, help="zoo seed (default 0)")
+    build.add_argument("--backend", choices=("local", "ray"), default="local")
+    build.add_argument(
+        "--workers", type=int, default=1, metavar="K", help="worker processes (default 1)"
+    )
+    build.add_argument("--address", metavar="ADDR", help="Ray cluster address (--backend ray)")
+    build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.set_defaults(handler=run_build)
+    info = add_command(actions, "info", "describe a model zoo", _EXAMPLE)
+    info.add_argument("dir", metavar="DIR", help="zoo directory")
+    info.add_argument("--plot", metavar="PNG", help="write a histogram of the gaps")
+    info.add_argument("--json", action="store_true", help="print a JSON summary")
+    info.set_defaults(handler=run_info)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    """``wsym zoo build``: build or resume, then print the summary."""
+    import wsym.zoo
+
+    if args.address and args.backend != "ray":
+        raise WsymInputError("--address needs --backend ray")
+    zoo = wsym.zoo.build(
+        args.preset,
+        members=args.members,
+        out=args.out,
+        seed=args.seed,
+        backend=args.backend,
+        workers=args.workers,
+        progress=not args.quiet,
+        address=args.address,
+    )
+    print(format_summary(summary(zoo)))
+    return EXIT_OK
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """``wsym zoo info``: sizes and gap distribution, optionally a histogram PNG."""
+    import wsym.zoo
+
+    if args.plot and not Path(args.plot).parent.is_dir():
+        raise WsymInputError(f"cannot write {args.plot}: its directory does not exist")
+    zoo = wsym.zoo.load(args.dir)
+    info = summary(zoo)
+    if args.plot:
+        plot_gaps(zoo, args.plot)
+        info["plot"] = args.plot
+    print(json.dumps(info, indent=1) if args.json else format_summary(info))
+    return EXIT_OK
+
+
+def summary(zoo: Any) -> dict[str, Any]:
+    """Members, splits, bytes on disk and quantiles of gap and accuracies."""
+    table = zoo.table
+    files = [p for p in zoo.path.rglob("*") if p.is_file()]
+    info = {
+        "path": str(zoo.path),
+        "preset": zoo.manifest["preset"],
+        "seed": zoo.manifest["seed"],
+        "members": len(table),
+        "planned": zoo.manifest["members"],
+        "splits": {s: len(zoo.split(s)) for s in ("train", "val", "test")},
+        "bytes": sum(p.stat().st_size for p in files),
+        "gap_definition": zoo.manifest["gap"],
+    }
+    for key in ("gap", "train_acc", "test_acc", "train_loss", "test_loss"):
+        values = [row[key] for row in table if not math.isnan(row[key])]
+        if values:
+            names = ("min", "q25", "median", "q75", "max")
+            info[key] = dict(zip(names, _quantiles(values), strict=True))
+    return info
+
+
+def format_summary(info: dict[str, Any]) -> str:
+    """Human-readable lines of :func:`summary`."""
+    lines = [
+        f"zoo {info['path']}: preset {info['preset']}, seed {info['seed']}, "
+        f"{info['members']}/{info['planned']} members, {info['bytes'] / 1e6:.2f} MB",
+        "member splits: " + ", ".join(f"{k} {v}" for k, v in info["splits"].items()),
+        f"gap = {info['gap_definition']}",
+    ]
+    for key in ("gap", "train_acc", "test_acc", "train_loss", "test_loss"):
+        if key in info:
+            q = info[key]
+            lines.append(
+                f"{key:>10}: min {q['min']:.4f}  q25 {q['q25']:.4f}  median {q['median']:.4f}"
+                f"  q75 {q['q75']:.4f}  max {q['max']:.4f}"
+            )
+    if "plot" in info:
+        lines.append(f"histogram written to {info['plot']}")
+    return "\n".join(lines)
+
+
+def plot_gaps(zoo: Any, path: str) -> None:
+    """Histogram of the members' gaps, saved as a PNG."""
+    import io
+
+    from wsym.zoo.store import write_atomic
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise WsymInputError("--plot needs matplotlib; pip install 'wsym[plot]'") from err
+
+    gaps = [row["gap"] for row in zoo.table if not math.isnan(row["gap"])]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.hist(gaps, bins=30, color="tab:blue")
+    ax.set_xlabel(f"gap ({zoo.manifest['gap']})")
+    ax.set_ylabel("members")
+    ax.set_title(f"{zoo.manifest['preset']}: {len(gaps)} members")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    write_atomic(Path(path), buffer.getvalue())
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    out = []
+    for q in _QUANTILES:
+        pos = q * (len(ordered) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        out.append(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+    return out

@@ -1,0 +1,59 @@
+"""Datasets of zoo presets: :mod:`wsym.data`'s offline sets and a sparse regression.
+
+``{"name": "mnist1d" | "mnist1d-seq" | "digits", "seed": s}`` loads
+:func:`wsym.data.load`. ``{"name": "sparse-regression", ...}`` draws the task of
+diagonal linear networks: Gaussian inputs ``x ~ N(0, I_d)``, a ground truth
+``w*`` with ``nonzero`` entries ``N(0, 1)`` (the rest zero), targets
+``y = x^T w* + noise * N(0, 1)``; ``n_train`` training and ``n_test`` test
+examples. Its targets are float32 ``(N,)`` and it is returned as a
+:class:`wsym.data.Dataset` (whose ``num_classes`` is meaningless there).
+
+Example:
+    >>> data = load_task({"name": "sparse-regression", "n_train": 8, "n_test": 4, "d": 6,
+    ...                   "nonzero": 2, "noise": 0.0, "seed": 0})
+    >>> data.x_train.shape, data.y_test.dtype
+    (torch.Size([8, 6]), torch.float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from wsym import data as wdata
+from wsym.errors import WsymInputError
+
+NAMES = (*wdata.NAMES, "sparse-regression")
+
+
+def load_task(config: dict[str, Any]) -> wdata.Dataset:
+    """The dataset a preset's ``dataset`` entry names (see the module docstring)."""
+    options = dict(config)
+    name = options.pop("name", None)
+    if name in wdata.NAMES:
+        return wdata.load(name, seed=int(options.get("seed", 0)))
+    if name == "sparse-regression":
+        return sparse_regression(**options)
+    raise WsymInputError(f"unknown zoo dataset {name!r}; use one of {', '.join(NAMES)}")
+
+
+def sparse_regression(
+    n_train: int = 40,
+    n_test: int = 1000,
+    d: int = 100,
+    nonzero: int = 10,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> wdata.Dataset:
+    """Sparse linear regression with Gaussian inputs (see the module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_test, d, generator=gen, dtype=torch.float64)
+    w_star = torch.zeros(d, dtype=torch.float64)
+    support = torch.randperm(d, generator=gen)[:nonzero]
+    w_star[support] = torch.randn(nonzero, generator=gen, dtype=torch.float64)
+    y = x @ w_star + noise * torch.randn(n_train + n_test, generator=gen, dtype=torch.float64)
+    x, y = x.float(), y.float()
+    return wdata.Dataset(
+        x[:n_train], y[:n_train], x[n_train:], y[n_train:], name="sparse-regression"
+    )
