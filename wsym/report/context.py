@@ -43,7 +43,7 @@ class Context:
     @property
     def regression(self) -> bool:
         """Whether members regress (MSE) rather than classify (cross-entropy)."""
-        return self.zoo.manifest.get("task", "classification") == "regression"
+        return self.zoo.manifest["config"].get("task", "classification") == "regression"
 
     def loss_fn(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The members' training loss (mean over the batch)."""
@@ -64,10 +64,6 @@ class Context:
     def batches(self, split: str, count: int, size: int = 256) -> list:
         """The first ``count`` batches of the dataset's ``split`` (a fixed order)."""
         return list(islice(self.data.batches(split, size), count))
-
-    def row(self, member: int) -> dict:
-        """Member ``member``'s row of the zoo table."""
-        return next(r for r in self.zoo.table if int(r["id"]) == member)
 
     def bar(self, total: int, label: str) -> Progress:
         """A progress bar for a step of ``total`` items."""

@@ -25,7 +25,7 @@ def section(ctx: Context, doc: Document) -> dict:
 
     ids = members(ctx, 6 if ctx.quick else 60)
     batches = ctx.batches("train", 1)
-    gaps = [float(ctx.row(i)["gap"]) for i in ids]
+    gaps = [float(ctx.zoo.row(i)["gap"]) for i in ids]
     values: dict[str, list[float]] = {m: [] for m in MEASURES}
     with ctx.bar(len(ids), "sharpness over the zoo") as bar:
         for i in ids:
