@@ -231,7 +231,7 @@ def test_cli_build_info_and_plot(tmp_path, capsys):
     )
     assert code == 0, err
     assert "3/3 members" in stdout and "gap = train_acc - test_acc" in stdout
-    assert "3/3 members" in err and "ETA" in err and "/min" in err  # the progress bar
+    assert "3/3 members" in err and "ETA" in err and ("/min" in err or "/s" in err)  # the bar
     code, stdout, err = run(
         capsys,
         "zoo",

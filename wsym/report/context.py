@@ -67,4 +67,4 @@ class Context:
 
     def bar(self, total: int, label: str) -> Progress:
         """A progress bar for a step of ``total`` items."""
-        return Progress(total, label, enabled=self.progress)
+        return Progress(total, label, enabled=self.progress, min_seconds=1.0)

@@ -274,8 +274,9 @@ class _GroupTrainer:
     def _outputs(self, params, buffers, x: torch.Tensor) -> torch.Tensor:
         if self.mlp is not None:
             chunks = [
-                _mlp_forward(params, x[i : i + _EVAL_CHUNK].expand(len(self.members), -1, -1), {},
-                             *self.mlp)
+                _mlp_forward(
+                    params, x[i : i + _EVAL_CHUNK].expand(len(self.members), -1, -1), {}, *self.mlp
+                )
                 for i in range(0, len(x), _EVAL_CHUNK)
             ]
             return torch.cat(chunks, dim=1)

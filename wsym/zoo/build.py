@@ -22,10 +22,10 @@ import torch
 
 import wsym
 from wsym.errors import WsymInputError
+from wsym.progress import Progress
 from wsym.zoo import store
 from wsym.zoo.backends import plan_member, run_units
 from wsym.zoo.presets import load_preset, member_seed
-from wsym.zoo.progress import Progress
 from wsym.zoo.zoo import Zoo, load
 
 #: Bump when a change to training or sampling changes the members a preset and seed produce.
@@ -73,7 +73,9 @@ def build(
         ids = [i for i in range(start, min(start + size, members)) if i not in done]
         if ids:
             units.append(ids)
-    bar = Progress(members, len(done), enabled=progress, label=config["name"])
+    bar = Progress(
+        members, config["name"], done=len(done), unit="members", enabled=progress, interval=0
+    )
     for ids, results in run_units(units, config, seed, backend, workers, address):
         rows = [_row(manifest, config, seed, r) for r in results]
         data = store.encode_shard({r.id: r.state_dict for r in results}, rows)
