@@ -119,7 +119,7 @@ def train_members(preset: dict[str, Any], data: Dataset, members: list[Member]) 
 class _GroupTrainer:
     """Members of one architecture and batch size, trained as one stacked model.
 
-    The parameters of all members live in one leaf tensor ``flat`` ``(M, P)``
+    The parameters of all members live in one tensor ``flat`` ``(M, P)``
     (the optimizer then updates every parameter in a handful of operations);
     :meth:`_views` cuts it into the module's parameter shapes. ``self.rows``
     holds the indices (into ``self.members``) of the members still training, in
@@ -141,7 +141,7 @@ class _GroupTrainer:
         params, buffers = stack_module_state(modules)
         self.shapes = {k: v.shape[1:] for k, v in params.items()}
         flat = torch.cat([v.detach().reshape(len(members), -1) for v in params.values()], 1)
-        self.flat = flat.requires_grad_(True)
+        self.flat = flat
         self.buffers = {k: v.clone() for k, v in buffers.items()}
         self.opt_state = optim.init_state({"flat": self.flat})
         self.hyper = optim.Hyper(
@@ -209,9 +209,13 @@ class _GroupTrainer:
         """One step of every training member on its batch ``idx`` ``(M, B)``."""
         x = self.data.x_train[idx]
         y = self.targets.gather(1, idx)
-        out = self._batched(self._views(self.flat), self.buffers, x, masks)
+        # differentiate w.r.t. leaf views of ``flat`` (not ``flat`` itself, whose slice
+        # backward would zero-fill a full (M, P) gradient once per parameter)
+        params = {k: v.requires_grad_(True) for k, v in self._views(self.flat).items()}
+        out = self._batched(params, self.buffers, x, masks)
         loss = _loss(out, y, self.regression).mean(dim=1).sum()
-        (grad,) = torch.autograd.grad(loss, [self.flat])
+        grads = torch.autograd.grad(loss, list(params.values()))
+        grad = torch.cat([g.reshape(len(g), -1) for g in grads], dim=1)
         optim.step({"flat": self.flat}, {"flat": grad}, self.opt_state, self.hyper)
 
     def _retire(self) -> None:
@@ -221,14 +225,14 @@ class _GroupTrainer:
         done = self.total[self.rows] <= self.step
         if not bool(done.any()):
             return
-        state = {**self._views(self.flat.detach()), **self.buffers}
+        state = {**self._views(self.flat), **self.buffers}
         for pos in torch.nonzero(done).flatten().tolist():
             row = int(self.rows[pos])
             self.finished[row] = {k: v[pos].clone() for k, v in state.items()}
         keep = torch.nonzero(~done).flatten()
         self.rows = self.rows[keep]
         self.next_exit = int(self.total[self.rows].min()) if len(self.rows) else 0
-        self.flat = self.flat.detach()[keep].requires_grad_(True)
+        self.flat = self.flat[keep]
         self.buffers = {k: v[keep] for k, v in self.buffers.items()}
         self.opt_state = optim.select_state(self.opt_state, keep)
         self.hyper = self.hyper.select(keep)

@@ -71,10 +71,10 @@ class Zoo:
         return build_architecture(self.row(member)["architecture"])
 
     def state_dict(self, member: int) -> dict[str, torch.Tensor]:
-        """``member``'s trained weights and buffers, keyed as its module's ``state_dict``."""
+        """``member``'s trained weights and buffers (fresh tensors), keyed as its module's."""
         row = self.row(member)
         stored = self._shard(row["shard"], row["shard_sha256"])[member]
-        return {k: stored[k] for k in self._keys(row["architecture"])}
+        return {k: stored[k].clone() for k in self._keys(row["architecture"])}
 
     def state_dicts(self, ids: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
         """State dicts of ``ids`` (default: every finished member, in table order)."""

@@ -1,0 +1,178 @@
+"""Zoo training speed: batched vs a plain per-member loop, FLOP/s, and a 1,000-member build.
+
+One run measures, on mnist1d-mlp members (one thread each, as zoo training runs):
+
+1. members/minute of :func:`wsym.zoo.batched.train_members` on N members (the
+   preset's sampled hyperparameters: SGD/Adam, lr, weight decay, batch size,
+   epochs, dropout, train fraction, label noise) vs a plain loop training the
+   same members one after another (``nn.Module`` + ``torch.optim`` + dropout
+   hooks, the same data order and the same number of steps, plus the same
+   evaluation); and the same on N members sharing one schedule (batch size 64,
+   10 epochs, full data), where batching is not held back by stragglers;
+2. achieved FLOP/s of the batched training (matmul FLOPs, forward 2mnk and
+   backward 4mnk per linear layer, plus the evaluation's forward) as a fraction of a
+   2048x2048 float32 matmul's FLOP/s measured in the same run, on one thread;
+3. the projected time of a 1,000-member mnist1d-mlp zoo, and with ``--full`` the
+   actual ``wsym.zoo.build`` time (``--workers`` processes, default 2).
+
+Run::
+
+    PYTHONPATH=. .venv/bin/python benchmarks/zoo_speed.py [--members 50] [--full] [--json out.json]
+
+Other processes on the machine slow every number here; the ratios are measured
+back to back in one run, so they are less affected than the absolute rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+from torch.nn import functional as F
+
+import wsym.zoo
+from wsym.zoo.architectures import initialise
+from wsym.zoo.backends import plan_member
+from wsym.zoo.batched import _DataStream, member_streams, train_members
+from wsym.zoo.presets import load_preset
+from wsym.zoo.tasks import load_task
+
+
+def plain_member(preset, data, member):
+    """One member the ordinary way: a module, torch.optim, a loop, then evaluation."""
+    hp = member.hyperparameters
+    seeds = member_streams(member.seed)
+    model = initialise(member.architecture, seeds["init"], hp["init_scale"]).train()
+    stream = _DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
+    gen = torch.Generator().manual_seed(seeds["dropout"])
+    rate = hp["dropout"]
+
+    def dropout(module, inputs, out):
+        if not module.training:
+            return out
+        return out * ((torch.rand(out.shape, generator=gen) >= rate) / (1 - rate))
+
+    if rate > 0:
+        for site in preset["dropout_sites"]:
+            dict(model.named_modules())[site].register_forward_hook(dropout)
+    cls = torch.optim.Adam if hp["optimizer"] == "adam" else torch.optim.SGD
+    extra = {} if hp["optimizer"] == "adam" else {"momentum": 0.9}
+    opt = cls(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], **extra)
+    steps = 0
+    while steps < stream.total_steps:
+        for idx in stream.next_block():
+            if steps == stream.total_steps:
+                break
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(data.x_train[idx]), stream.targets[idx]).backward()
+            opt.step()
+            steps += 1
+    model.eval()
+    with torch.no_grad():
+        model(data.x_train), model(data.x_test)
+    return steps
+
+
+def matmul_flops(preset, members, data) -> float:
+    """Matmul FLOPs of training (fwd+bwd) and evaluation of MLP members."""
+    total = 0.0
+    for m in members:
+        dims = [m.architecture["d_in"], *m.architecture["widths"], m.architecture["d_out"]]
+        macs = sum(a * b for a, b in zip(dims[:-1], dims[1:], strict=True))
+        stream = _DataStream(data, m.hyperparameters, 0, m.hyperparameters["batch_size"], False)
+        total += 6 * macs * stream.total_steps * m.hyperparameters["batch_size"]
+        total += 2 * macs * (len(data.x_train) + len(data.x_test))
+    return total
+
+
+def peak_flops(n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a float32 ``n x n`` matmul, best of ``repeats``."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * n**3 / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def compare(preset, data, members, label) -> dict:
+    start = time.perf_counter()
+    train_members(preset, data, members)
+    batched = time.perf_counter() - start
+    start = time.perf_counter()
+    for m in members:
+        plain_member(preset, data, m)
+    plain = time.perf_counter() - start
+    n = len(members)
+    result = {
+        "members": n,
+        "batched_s": batched,
+        "plain_s": plain,
+        "batched_members_per_min": 60 * n / batched,
+        "plain_members_per_min": 60 * n / plain,
+        "ratio": plain / batched,
+        "flops_per_s": matmul_flops(preset, members, data) / batched,
+    }
+    print(
+        f"{label}: {n} members  batched {batched:.1f}s ({result['batched_members_per_min']:.0f}"
+        f"/min)  plain loop {plain:.1f}s ({result['plain_members_per_min']:.0f}/min)  "
+        f"ratio {result['ratio']:.1f}x",
+        flush=True,
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--members", type=int, default=50, help="members per comparison")
+    parser.add_argument("--full", action="store_true", help="also build a 1,000-member zoo")
+    parser.add_argument("--workers", type=int, default=2, help="processes for --full")
+    parser.add_argument("--json", help="write the numbers to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    preset = load_preset("mnist1d-mlp")
+    data = load_task(preset["dataset"])
+    peak = peak_flops()
+    print(f"large matmul (2048^2, float32, 1 thread): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    sampled = [plan_member(preset, 0, i) for i in range(args.members)]
+    fixed_hp = {"batch_size": 64, "epochs": 10, "train_fraction": 1.0}
+    fixed_preset = load_preset("mnist1d-mlp", {"hyperparameters": fixed_hp})
+    fixed = [plan_member(fixed_preset, 0, i) for i in range(args.members)]
+    results = {
+        "peak_flops_per_s": peak,
+        "sampled": compare(preset, data, sampled, "sampled hyperparameters"),
+        "one_schedule": compare(fixed_preset, data, fixed, "one schedule (bs 64, 10 epochs)"),
+    }
+    for key in ("sampled", "one_schedule"):
+        r = results[key]
+        r["flops_fraction_of_matmul"] = r["flops_per_s"] / peak
+        print(
+            f"{key}: zoo training {r['flops_per_s'] / 1e9:.2f} GFLOP/s = "
+            f"{100 * r['flops_fraction_of_matmul']:.1f}% of the large matmul"
+        )
+    per_member = results["sampled"]["batched_s"] / args.members
+    results["projected_1000_s_one_process"] = 1000 * per_member
+    print(f"projected 1,000-member mnist1d-mlp zoo, one process: {1000 * per_member / 60:.1f} min")
+    if args.full:
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            wsym.zoo.build("mnist1d-mlp", 1000, out, workers=args.workers, progress=True)
+            results["actual_1000_s"] = time.perf_counter() - start
+        print(
+            f"actual 1,000-member mnist1d-mlp zoo, {args.workers} workers: "
+            f"{results['actual_1000_s'] / 60:.1f} min"
+        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
