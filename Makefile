@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: venv
-	$(BIN)/wsym demo
+	$(BIN)/wsym report --out wsym-report
 
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --doctest-modules tests/ wsym/

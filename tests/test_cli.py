@@ -76,7 +76,7 @@ def assert_one_error_line(err):
 # --- help and argparse ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["detect", "--help"], ["demo", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["detect", "--help"], ["tour", "--help"]])
 def test_help_has_an_example(capsys, argv):
     code, out, _ = run(capsys, *argv)
     assert code == 0
@@ -241,25 +241,25 @@ def test_debug_after_subcommand(capsys, monkeypatch):
     assert code == 1 and "Traceback" in err and "ZeroDivisionError" in err
 
 
-def test_demo_runs_every_case_and_reports_failures(capsys, fake_core, monkeypatch):
+def test_tour_runs_every_case_and_reports_failures(capsys, fake_core, monkeypatch):
     cases = (
         ("torch.nn:Linear", "in_features=4,out_features=3", "2,4"),
         ("wsym:no_such_builtin", "", "2,4"),
         ("torch.nn:Identity", "", "3"),
     )
-    monkeypatch.setattr(cli, "DEMO_CASES", cases)
-    code, out, err = run(capsys, "demo")
+    monkeypatch.setattr(cli, "TOUR_CASES", cases)
+    code, out, err = run(capsys, "tour")
     assert code == 1
     assert out.count("== ") == 3
     assert "FAKE TABLE Linear" in out and "FAKE TABLE Identity" in out
     assert "unknown builtin model wsym:no_such_builtin" in err
-    assert "1 of 3 demo models failed" in err
+    assert "1 of 3 tour models failed" in err
 
 
-def test_demo_cases_build(capsys, fake_core, monkeypatch):
-    cases = tuple(case for case in cli.DEMO_CASES if not case[0].startswith("wsym:"))
-    monkeypatch.setattr(cli, "DEMO_CASES", cases)
-    code, out, err = run(capsys, "demo")
+def test_tour_cases_build(capsys, fake_core, monkeypatch):
+    cases = tuple(case for case in cli.TOUR_CASES if not case[0].startswith("wsym:"))
+    monkeypatch.setattr(cli, "TOUR_CASES", cases)
+    code, out, err = run(capsys, "tour")
     assert code == 0, err
     assert out.count("FAKE TABLE") == len(cases)
 
@@ -304,7 +304,7 @@ def test_detect_real_hf_bert(capsys):
 
 
 # needs wsym.detect
-def test_demo_real(capsys):
-    code, out, err = run(capsys, "demo")
+def test_tour_real(capsys):
+    code, out, err = run(capsys, "tour")
     assert code == 0, err
-    assert out.count("== ") == len(cli.DEMO_CASES)
+    assert out.count("== ") == len(cli.TOUR_CASES)

@@ -20,8 +20,8 @@ from wsym.errors import WsymInputError
 
 GRAPH_SUFFIXES = (".graphml", ".json")
 
-#: Architectures ``wsym demo`` runs detection on: (model spec, config, input shape).
-DEMO_CASES: tuple[tuple[str, str, str], ...] = (
+#: Architectures ``wsym tour`` runs detection on: (model spec, config, input shape).
+TOUR_CASES: tuple[tuple[str, str, str], ...] = (
     ("wsym:mlp", "d_in=40", "8,40"),
     ("wsym:cnn", "channels=16", "2,1,16,16"),
     ("wsym:transformer", "seq=8", "2,8,4"),
@@ -53,9 +53,9 @@ examples:
 
 run 'wsym COMMAND --help' for a command's options
 """
-_DEMO_EXAMPLE = """\
+_TOUR_EXAMPLE = """\
 example:
-  wsym demo
+  wsym tour
 """
 
 
@@ -92,10 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_command_to(commands)
     zoo.add_command_to(commands)
 
-    demo = add_command(
-        commands, "demo", "detect symmetries of a few bundled architectures", _DEMO_EXAMPLE
+    tour = add_command(
+        commands, "tour", "detect symmetries of a few bundled architectures", _TOUR_EXAMPLE
     )
-    demo.set_defaults(handler=run_demo)
+    tour.set_defaults(handler=run_tour)
     return parser
 
 
@@ -212,10 +212,10 @@ def _check_graph_path(graph: str) -> Path:
     return path
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """``wsym demo``: detect and print the symmetries of :data:`DEMO_CASES`."""
+def run_tour(args: argparse.Namespace) -> int:
+    """``wsym tour``: detect and print the symmetries of :data:`TOUR_CASES`."""
     failed = 0
-    for model_spec, config_text, input_shape in DEMO_CASES:
+    for model_spec, config_text, input_shape in TOUR_CASES:
         title = f"{model_spec}  input {input_shape}" + (
             f"  config {config_text}" if config_text else ""
         )
@@ -228,7 +228,7 @@ def run_demo(args: argparse.Namespace) -> int:
             continue
         print(spec.table(), end="\n\n", flush=True)
     if failed:
-        print(f"wsym: error: {failed} of {len(DEMO_CASES)} demo models failed", file=sys.stderr)
+        print(f"wsym: error: {failed} of {len(TOUR_CASES)} tour models failed", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 

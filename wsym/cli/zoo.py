@@ -40,6 +40,7 @@ def add_command_to(commands: Any) -> None:
     )
     build.add_argument("--address", metavar="ADDR", help="Ray cluster address (--backend ray)")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.add_argument("--json", action="store_true", help="print the summary as JSON")
     build.set_defaults(handler=run_build)
     info = add_command(actions, "info", "describe a model zoo", _EXAMPLE)
     info.add_argument("dir", metavar="DIR", help="zoo directory")
@@ -64,7 +65,8 @@ def run_build(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         address=args.address,
     )
-    print(format_summary(summary(zoo)))
+    numbers = summary(zoo)
+    print(json.dumps(numbers) if args.json else format_summary(numbers))
     return EXIT_OK
 
 
