@@ -14,8 +14,10 @@ MEASURES = ("euclidean", "adaptive", "geodesic-mix", "fisher", "hessian-trace", 
 
 
 def members(ctx: Context, limit: int) -> list[int]:
-    """Up to ``limit`` members of the zoo's test split (all members if it has none)."""
-    ids = list(ctx.zoo.split("test")) or [int(r["id"]) for r in ctx.zoo.table]
+    """Up to ``limit`` members of the zoo's test split (all members if it has fewer than 5)."""
+    ids = list(ctx.zoo.split("test"))
+    if len(ids) < 5:
+        ids = [int(r["id"]) for r in ctx.zoo.table]
     return [int(i) for i in ids[:limit]]
 
 
@@ -54,7 +56,7 @@ def section(ctx: Context, doc: Document) -> dict:
     for ax, m in zip(axes.flat, MEASURES, strict=False):
         ax.scatter(values[m], gaps, s=12, alpha=0.7)
         ax.set_xscale("log" if min(values[m]) > 0 else "linear")
-        ax.set(xlabel=m, ylabel="gap", title=f"tau = {taus[m]['tau']:.2f}")
+        ax.set(xlabel=m, ylabel="gap", title=f"tau = {_text(taus[m]['tau'])}")
     for ax in list(axes.flat)[len(MEASURES) :]:
         ax.axis("off")
     fig.tight_layout()
@@ -64,3 +66,7 @@ def section(ctx: Context, doc: Document) -> dict:
 
 def _finite(x: float) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
+
+
+def _text(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
