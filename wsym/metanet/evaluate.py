@@ -43,8 +43,11 @@ def zoo_splits(zoo, split_key: str | None = None) -> dict[str, list[int]]:
     rows.sort(key=lambda r: (r[split_key], r["id"]))
     cut = int(0.6 * len(rows))
     low = [r["id"] for r in rows[:cut]]
-    return {"train": [i for k, i in enumerate(low) if k % 4], "val": low[::4],
-            "test": [r["id"] for r in rows[cut:]]}  # fmt: skip
+    return {
+        "train": [i for k, i in enumerate(low) if k % 4],
+        "val": low[::4],
+        "test": [r["id"] for r in rows[cut:]],
+    }
 
 
 def make_predictor(name: str, spec, zoo, metanet_options: dict | None = None):
@@ -67,8 +70,15 @@ def make_predictor(name: str, spec, zoo, metanet_options: dict | None = None):
     raise WsymInputError(f"unknown predictor {name!r}; use one of {', '.join(PREDICTORS)}")
 
 
-def evaluate(zoo, *, predictors=PREDICTORS, seeds=(0, 1, 2), target: str = "gap",
-             split_key: str | None = None, metanet_options: dict | None = None) -> dict:  # fmt: skip
+def evaluate(
+    zoo,
+    *,
+    predictors=PREDICTORS,
+    seeds=(0, 1, 2),
+    target: str = "gap",
+    split_key: str | None = None,
+    metanet_options: dict | None = None,
+) -> dict:
     """Fit and score every predictor; returns a JSON-ready report.
 
     Returns:
@@ -81,9 +91,14 @@ def evaluate(zoo, *, predictors=PREDICTORS, seeds=(0, 1, 2), target: str = "gap"
     y_all = {r["id"]: float(r[target]) for r in zoo.table}
     sds = {s: zoo.state_dicts(ids[s]) for s in ids}
     ys = {s: torch.tensor([y_all[i] for i in ids[s]], dtype=torch.float64) for s in ids}
-    report = {"members": {s: len(v) for s, v in ids.items()}, "target": target,
-              "split_key": split_key, "rows": [], "test_targets": ys["test"].tolist(),
-              "test_predictions": {}}  # fmt: skip
+    report = {
+        "members": {s: len(v) for s, v in ids.items()},
+        "target": target,
+        "split_key": split_key,
+        "rows": [],
+        "test_targets": ys["test"].tolist(),
+        "test_predictions": {},
+    }
     probe = {k: v.double() if v.is_floating_point() else v for k, v in sds["test"][0].items()}
     for name in predictors:
         row = {"name": name, "status": "ok"}
@@ -97,24 +112,32 @@ def evaluate(zoo, *, predictors=PREDICTORS, seeds=(0, 1, 2), target: str = "gap"
                 r2s.append(r2(ys["test"], pred))
                 report["test_predictions"].setdefault(name, pred.tolist())
             row["claims"] = p.claims
-            fn = lambda sd: p.predict([sd])  # noqa: E731
+            fn = lambda sd, p=p: p.predict([sd])  # noqa: E731
             row["invariance_all"] = invariance_error(fn, spec, probe, seeds=(0,))
-            row["invariance_perm"] = invariance_error(fn, spec, probe, seeds=(0,),
-                                                      kinds=("permutation",))  # fmt: skip
+            row["invariance_perm"] = invariance_error(
+                fn, spec, probe, seeds=(0,), kinds=("permutation",)
+            )
         except (WsymInputError, ImportError) as err:
             row["status"] = f"n/a: {err}"
         t, q = torch.tensor(taus or [float("nan")]), torch.tensor(r2s or [float("nan")])
-        row.update(tau_mean=float(t.mean()), tau_std=float(t.std()) if len(t) > 1 else 0.0,
-                   r2_mean=float(q.mean()), r2_std=float(q.std()) if len(q) > 1 else 0.0,
-                   seeds=len(taus), seconds=time.perf_counter() - start)  # fmt: skip
+        row.update(
+            tau_mean=float(t.mean()),
+            tau_std=float(t.std()) if len(t) > 1 else 0.0,
+            r2_mean=float(q.mean()),
+            r2_std=float(q.std()) if len(q) > 1 else 0.0,
+            seeds=len(taus),
+            seconds=time.perf_counter() - start,
+        )
         report["rows"].append(row)
     return report
 
 
 def format_table(report: dict) -> str:
     """Markdown table: predictor, Kendall tau, R^2 (mean +- std over seeds), invariance."""
-    lines = ["| predictor | Kendall tau | R^2 | invariant to | change under g (all / perm) |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| predictor | Kendall tau | R^2 | invariant to | change under g (all / perm) |",
+        "|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['status']} | | | |")
