@@ -64,7 +64,8 @@ def make_predictor(name: str, spec, zoo, metanet_options: dict | None = None):
         return baselines.NFN(spec)
     if name.startswith("sharpness:"):
         data = zoo.dataset()
-        x, y = data.x_test[:128], data.y_test[:128]
+        shape = tuple(zoo.example_inputs().shape[1:])  # inputs as the members take them
+        x, y = data.x_test[:128].reshape(-1, *shape), data.y_test[:128]
         factory = lambda: zoo.model(zoo.table[0]["id"])  # noqa: E731
         return baselines.Sharpness(factory, [(x, y)], name.split(":", 1)[1], spec=spec)
     raise WsymInputError(f"unknown predictor {name!r}; use one of {', '.join(PREDICTORS)}")
