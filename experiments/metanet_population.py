@@ -26,6 +26,7 @@ class Patches(nn.Module):
         self.net = TinyTransformer(patch=4, seq=10, dim=16, heads=2, depth=1, hidden=32)
 
     def forward(self, x):
+        """Logits for signals ``(B, 40)``."""
         return self.net(x.reshape(x.shape[0], 10, 4))
 
 
@@ -33,6 +34,7 @@ ARCHS = {"mlp": lambda: MLP(40, [32, 32], 10), "transformer": Patches}
 
 
 def main() -> None:
+    """Train and save one population."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", choices=sorted(ARCHS), default="mlp")
     parser.add_argument("--members", type=int, default=160)
