@@ -219,6 +219,33 @@ def test_curvature_measures(detected):
     assert torch.isfinite(torch.tensor(fisher))
 
 
+@pytest.mark.parametrize("name", ["mlp-relu", "residual-cnn"])
+def test_fisher_invariant_to_elementwise_groups(detected, name):
+    model, inputs, spec = detected(name)
+    model = copy.deepcopy(model).double()
+    with torch.no_grad():  # zero weights (fresh biases) are fixed points the probes cannot scale
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    x = inputs.double() if torch.is_tensor(inputs) else inputs
+    y = torch.randint(
+        0, model(x).shape[-1], (x.shape[0],), generator=torch.Generator().manual_seed(0)
+    )
+    sd = {k: v.double() for k, v in model.state_dict().items()}
+    g = spec.sample(seed=2, scale=(1e-2, 1e2), kinds=["scaling", "sign", "norm_scaling"])
+    moved = copy.deepcopy(model)
+    moved.load_state_dict(spec.act(g, sd))
+    values = [
+        sharpness(m, [(x, y)], _ce, spec=spec, measure="fisher", probes=8) for m in (model, moved)
+    ]
+    plain = [
+        sharpness(m, [(x, y)], _ce, spec=spec, measure="fisher", probes=8, relative=False)
+        for m in (model, moved)
+    ]
+    print(f"{name}: relative {values}, plain {plain}")
+    assert values[1] == pytest.approx(values[0], rel=1e-6)
+    assert abs(plain[1] / plain[0] - 1) > 1e-3  # the paper's plain damping is not invariant
+
+
 class _Diagonal(torch.nn.Module):
     """Diagonal linear network ``y = x @ (u * v)``: one scaling group on (u, v)."""
 

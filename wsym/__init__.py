@@ -8,6 +8,7 @@ from wsym.detect import detect
 from wsym.merge import merge
 from wsym.sharpness import sharpness
 from wsym.spec import Group, SymmetrySpec
+from wsym.teleport import teleport
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,5 @@ __all__ = [
     "interpolate",
     "merge",
     "sharpness",
+    "teleport",
 ]

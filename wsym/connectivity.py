@@ -46,29 +46,30 @@ class Curve:
         self, path, title: str = "", other: Curve | None = None, labels=("curve", "other")
     ) -> None:
         """Write a PNG of the loss (and accuracy) along the path, optionally beside ``other``."""
-        import matplotlib
-
-        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(9, 3.4))
-        for curve, label in ((self, labels[0]), (other, labels[1])):
-            if curve is None:
-                continue
-            ax_l.plot(
-                curve.alphas,
-                curve.losses,
-                marker="o",
-                label=f"{label} (barrier {curve.barrier:.3f})",
-            )
-            ax_a.plot(curve.alphas, curve.accuracies, marker="o", label=label)
-        ax_l.set(xlabel="interpolation α", ylabel="loss", title=title or "loss along the path")
-        ax_a.set(xlabel="interpolation α", ylabel="accuracy", title="accuracy")
-        ax_l.legend()
-        ax_a.legend()
-        fig.tight_layout()
+        curves = {labels[0]: self} if other is None else {labels[0]: self, labels[1]: other}
+        fig = figure(curves, title)
         fig.savefig(path, dpi=110)
         plt.close(fig)
+
+
+def figure(curves: dict[str, Curve], title: str = ""):
+    """A matplotlib figure of loss and accuracy along each labelled path."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for label, curve in curves.items():
+        ax_l.plot(
+            curve.alphas, curve.losses, marker="o", label=f"{label} (barrier {curve.barrier:.3f})"
+        )
+        ax_a.plot(curve.alphas, curve.accuracies, marker="o", label=label)
+    ax_l.set(xlabel="interpolation α", ylabel="loss", title=title or "loss along the path")
+    ax_a.set(xlabel="interpolation α", ylabel="accuracy", title="accuracy")
+    ax_l.legend()
+    ax_a.legend()
+    fig.tight_layout()
+    return fig
 
 
 def interpolate(

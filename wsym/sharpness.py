@@ -24,7 +24,9 @@ measure               perturbation                   invariant to (group kinds)
 ``geodesic-mix``      invariant / mixed metric)
 ``hessian-trace``     --                             permutation, orthogonal
 ``lambda-max``        --                             permutation, orthogonal
-``fisher``            --                             elementwise rescalings (diagonal Fisher)
+``fisher``            --                             scaling, sign, norm_scaling (same seed;
+                                                     weight-relative damping); permutation in
+                                                     distribution
 ====================  =============================  ==========================================
 
 Geodesic measures (:mod:`wsym.quotient`): on each ``gl`` group's blocks ``(G, H)``, and
@@ -345,6 +347,8 @@ def _curvature(measure, model64, batches64, loss_fn, seed, options) -> float:
         "lambda-max": curvature.lambda_max,
         "fisher": curvature.fisher_riemannian_sharpness,
     }[measure]
+    if measure == "fisher":
+        options = {"relative": True, **options}
     return float(fn(model64, batches64, loss_fn, seed=seed, **options))
 
 

@@ -25,9 +25,9 @@ from wsym.cli.prepare import (
     l2_distance,
     matching_batches,
     prepare,
-    write_files,
 )
 from wsym.errors import WsymInputError
+from wsym.io.files import write_files
 
 METHODS = ("weights", "activations")
 _CANON_EXAMPLE = """\

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from wsym.cli import checkpoints, metanet, sharpness
+from wsym.cli import checkpoints, metanet, report, sharpness
 from wsym.cli.common import EXIT_ERROR, EXIT_INPUT, EXIT_OK, add_command
 from wsym.errors import WsymInputError
 
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     detect.set_defaults(handler=run_detect)
     checkpoints.add_commands(commands)
     sharpness.add_command_to(commands)
+    report.add_command_to(commands)
     metanet.add_commands(commands)
 
     demo = add_command(

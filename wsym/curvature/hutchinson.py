@@ -105,8 +105,16 @@ def diagonal_hessian(
     params: Params | None = None,
     chunk_size: int = 16,
     mode: HvpMode = "reverse",
+    scale: Params | None = None,
 ) -> Params:
     r"""Hutchinson's diagonal estimator :math:`\frac1m \sum_j v_j \odot H v_j`.
+
+    With ``scale`` :math:`s` the probes are :math:`s \odot v_j` and the estimate
+    :math:`\frac1m \sum_j v_j \odot H (s \odot v_j) / s` (still unbiased). Taking
+    :math:`s = \theta` makes it equivariant, probe by probe, to elementwise
+    rescalings and sign flips :math:`\theta \mapsto D \theta`: the estimate maps
+    to :math:`D^{-2}` times itself exactly, as the true diagonal does (entries
+    with :math:`s_i = 0` use :math:`s_i = 1`).
 
     Args:
         model: the network, evaluated in eval mode (see :mod:`wsym.curvature.objective`).
@@ -117,6 +125,7 @@ def diagonal_hessian(
         params: ``{name: tensor}``; ``None`` takes the model's.
         chunk_size: probes per vectorized HVP call.
         mode: HVP mode, ``"forward"`` or ``"reverse"`` (see :func:`~wsym.curvature.hvp`).
+        scale: ``{name: tensor}`` probe scales (``None``: all ones).
 
     Returns:
         ``{name: tensor}`` with the shapes of ``params``.
@@ -129,14 +138,15 @@ def diagonal_hessian(
         {'weight': tensor([[1., 4.]])}
     """
     params = model_params(model) if params is None else params
+    s = {n: torch.ones_like(p) for n, p in params.items()} if scale is None else dict(scale)
+    s = {n: torch.where(t == 0, torch.ones_like(t), t) for n, t in s.items()}
     diag = {n: torch.zeros_like(p) for n, p in params.items()}
-    for vs, hvs in hessian_probe_products(
-        model, params, batches, loss_fn, probes, seed, chunk_size, mode
-    ):
+    for vs in probe_chunks(params, probes, seed, chunk_size):
+        scaled = {n: v * s[n] for n, v in vs.items()}
+        hvs = hvp_many(model, params, batches, loss_fn, scaled, chunk_size=chunk_size, mode=mode)
         for n in diag:
-            diag[n] += (vs[n] * hvs[n]).sum(0)
-    scale = probe_scale(probes)
-    return {n: d * scale for n, d in diag.items()}
+            diag[n] += (vs[n] * hvs[n]).sum(0) / s[n]
+    return {n: d * probe_scale(probes) for n, d in diag.items()}
 
 
 def hessian_trace(

@@ -52,8 +52,18 @@ def fisher_riemannian_sharpness(
     fisher_samples: Samples = 1,
     params: Params | None = None,
     mode: HvpMode = "reverse",
+    relative: bool = False,
 ) -> float:
     r"""Diagonal estimator :math:`\sum_i \hat H_{ii} / (\hat F_{ii} + \delta)`.
+
+    With ``relative=True`` the damping is relative to each weight,
+    :math:`\sum_i \theta_i^2 \hat H_{ii} / (\theta_i^2 \hat F_{ii} + \delta)` (the
+    same sum in the adaptive coordinates :math:`\theta = |\theta_0| \odot \phi`), and
+    the Hutchinson probes are scaled by :math:`\theta`: the estimate is then exactly
+    invariant, for a fixed seed, to elementwise rescalings and sign flips (ReLU
+    rescaling, BatchNorm input scaling, odd-activation signs) where no weight is
+    exactly zero (zero entries take unit probe scale); to permutations only in
+    distribution.
 
     Args:
         model: a classifier returning logits ``(N, C)``; evaluated in eval mode.
@@ -65,6 +75,7 @@ def fisher_riemannian_sharpness(
         fisher_samples: labels drawn per input for :math:`\hat F`, or ``"exact"``.
         params: ``{name: tensor}``; ``None`` takes the model's.
         mode: HVP mode, ``"forward"`` or ``"reverse"`` (see :func:`~wsym.curvature.hvp`).
+        relative: damping relative to each weight, probes scaled by the weights.
 
     Returns:
         The estimate as a Python float.
@@ -79,8 +90,12 @@ def fisher_riemannian_sharpness(
         True
     """
     params = model_params(model) if params is None else params
-    hess = diagonal_hessian(model, batches, loss_fn, probes, seed, params, mode=mode)
+    scale = {n: p.detach() for n, p in params.items()} if relative else None
+    hess = diagonal_hessian(model, batches, loss_fn, probes, seed, params, mode=mode, scale=scale)
     fisher = diagonal_fisher(model, batches, fisher_samples, seed, params)
+    if relative:
+        sq = {n: p.detach() ** 2 for n, p in params.items()}
+        return float(sum((sq[n] * hess[n] / (sq[n] * fisher[n] + damping)).sum() for n in params))
     return float(sum((hess[n] / (fisher[n] + damping)).sum() for n in params))
 
 

@@ -18,7 +18,9 @@ gives the exact formulas (and inf/NaN on singular blocks).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, NamedTuple
 
 import torch
@@ -95,6 +97,10 @@ def vertical(block: Pair | tuple[Tensor, Tensor], omega: Tensor) -> Pair:
     return Pair(-G @ omega, H @ omega.mT)
 
 
+#: ``id(M) -> (weak reference to M, (eps, version), Gram)`` (see :meth:`Gram.of`).
+_GRAMS: dict[int, tuple] = {}
+
+
 def _shift(gram: Tensor, eps: float) -> Tensor:
     """Regularization shift ``eps * Tr(gram) / h`` (``eps`` when the trace is 0)."""
     mean = gram.diagonal(dim1=-2, dim2=-1).mean(-1)
@@ -115,9 +121,22 @@ class Gram:
 
     @classmethod
     def of(cls, M: Tensor, eps: float = DEFAULT_EPS) -> Gram:
-        """Gram matrix of ``M`` with the relative shift of the module docstring."""
+        """Gram matrix of ``M`` with the relative shift of the module docstring.
+
+        Remembered per tensor (while it lives and is not modified in place) when
+        ``M`` carries no autograd graph: an ascent at a fixed base point asks for
+        the same block's Gram matrix, and its factorization, at every step.
+        """
+        key = (eps, M._version)
+        hit = _GRAMS.get(id(M))
+        if hit is not None and hit[0]() is M and hit[1] == key:
+            return hit[2]
         raw = M.mT @ M
-        return cls(raw, _shift(raw, eps))
+        gram = cls(raw, _shift(raw, eps))
+        if not M.requires_grad:
+            ident = id(M)
+            _GRAMS[ident] = (weakref.ref(M, lambda _: _GRAMS.pop(ident, None)), key, gram)
+        return gram
 
     @property
     def matrix(self) -> Tensor:
@@ -125,9 +144,23 @@ class Gram:
         eye = torch.eye(self.raw.shape[-1], dtype=self.raw.dtype, device=self.raw.device)
         return self.raw + self.shift[..., None, None] * eye
 
+    @cached_property
+    def _cholesky(self) -> Tensor | None:
+        factor, info = torch.linalg.cholesky_ex(self.matrix)
+        return factor if not bool(info.any()) else None
+
     def solve(self, X: Tensor, left: bool = True) -> Tensor:
-        """``P^{-1} X`` (or ``X P^{-1}`` with ``left=False``); inf/NaN if ``P`` is singular."""
-        return torch.linalg.solve_ex(self.matrix, X, left=left)[0]
+        """``P^{-1} X`` (or ``X P^{-1}`` with ``left=False``); inf/NaN if ``P`` is singular.
+
+        Through the Cholesky factor of ``P`` (computed once), or an LU solve where
+        ``P`` is not numerically positive definite (``eps = 0`` on a singular block).
+        """
+        L = self._cholesky
+        if L is None:
+            return torch.linalg.solve_ex(self.matrix, X, left=left)[0]
+        if left:
+            return torch.cholesky_solve(X, L)
+        return torch.cholesky_solve(X.mT, L).mT
 
     def eigh(self) -> tuple[Tensor, Tensor]:
         """Eigenvalues ``p`` (of ``M^T M``, clamped at 0) and orthonormal eigenvectors ``U``."""

@@ -1,0 +1,206 @@
+"""SGD, Adam and the SAM family, with and without teleportation, at equal gradient budgets.
+
+Tasks (CPU, float32):
+
+* ``mnist1d-mlp``: ``MLP(40, [64, 64], 10)`` (ReLU) on mnist1d (4000 train / 1000 test),
+  batch 128;
+* ``digits-cnn``: ``ResidualCNN(channels=8)`` (conv, BatchNorm, residual block) on the
+  8x8 digits (1437 / 360), batch 64.
+
+Budget: ``--budget`` gradient evaluations per run (default 600). One-pass methods
+(SGD, Adam, K-FAC-SGD) take ``budget`` steps; SAM-type methods (two gradients per
+step) take ``budget / 2``. All SGD-based methods use momentum 0.9 and lr 0.05; Adam
+lr 1e-3. Radii: SAM 0.05, ASAM 0.5 (eta 0.01), Fisher-SAM 0.05 (eta 1), LLQR+SAM
+0.05 in the metric ``U^-1`` (K-FAC preconditioner, equal to 1 at the mean curvature,
+damping 0.1 relative to it, refreshed every K=20 steps with beta 0.9). ``kfac-sgd`` is the
+same preconditioner alone (SGD on ``U g``, one gradient per step), the ablation the
+LLQR+SAM paper compares with.
+
+Teleportation (``+tp``): ``wsym.teleport(..., objective="grad-norm", steps=3, lr=0.05)``
+on the current batch every 25 optimizer steps; its cost is in the wall time, not in
+the gradient budget (it is a few double-backward passes).
+
+Reported per task and method, over ``--seeds`` seeds (model init and batch order):
+test accuracy mean +- std; wall time per optimizer step relative to SGD's (median
+over seeds; teleportation amortized); and sharpness of the final models (mean over
+seeds) on the first 256 training examples with ``wsym.sharpness``: ``adaptive``
+(worst case, rho 0.05, 10 ascent steps), ``fisher`` (diagonal Fisher-Riemannian, 10
+probes) and ``hessian-trace`` (10 probes). ``geodesic-mix`` is left out: on both
+models it equals ``adaptive`` (the MLP's two ReLU layers share a weight matrix and the
+CNN's channels carry norm_scaling groups, so no GL or GL(1) block is available).
+
+Run:
+    .venv/bin/python benchmarks/optimizers.py            # 5 seeds, a few minutes
+    .venv/bin/python benchmarks/optimizers.py --quick    # smoke run, 1 seed, tiny budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import wsym
+from wsym.data import load
+from wsym.optim import ASAM, LLQRSAM, SAM, FisherSAM, KroneckerFisher
+from wsym.reference import MLP, ResidualCNN
+from wsym.train import evaluate
+
+METHODS = ("sgd", "adam", "kfac-sgd", "sam", "asam", "fisher-sam", "llqr-sam")
+TWO_PASS = ("sam", "asam", "fisher-sam", "llqr-sam")
+MEASURES = ("adaptive", "fisher", "hessian-trace")
+LR, MOMENTUM, REFRESH, BETA = 0.05, 0.9, 20, 0.9
+TELEPORT_EVERY = 25
+
+
+def _task(name: str, seed: int):
+    torch.manual_seed(seed)
+    if name == "mnist1d-mlp":
+        return MLP(40, [64, 64], 10), load("mnist1d"), 128
+    return ResidualCNN(channels=8), load("digits"), 64
+
+
+class KFACSGD:
+    """The preconditioner alone: SGD with momentum on ``U g`` (one gradient per step)."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.names = model, [n for n, _ in model.named_parameters()]
+        self.pre = KroneckerFisher(beta=BETA, damping=0.1)
+        self.sgd = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        self.steps = 0
+
+    def step(self, x, y) -> None:
+        if self.steps % REFRESH == 0:
+            params = {n: p.detach() for n, p in self.model.named_parameters()}
+            self.pre.estimate(self.model, params, x)
+        self.steps += 1
+        self.sgd.zero_grad()
+        F.cross_entropy(self.model(x), y).backward()
+        grads = {n: p.grad for n, p in self.model.named_parameters()}
+        for n, p in self.model.named_parameters():
+            p.grad = self.pre.apply(grads)[n]
+        self.sgd.step()
+
+
+def _optimizer(method: str, model: nn.Module):
+    sgd = {"base_optimizer": torch.optim.SGD, "lr": LR, "momentum": MOMENTUM}
+    if method == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    if method == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-3)
+    if method == "kfac-sgd":
+        return KFACSGD(model)
+    if method == "sam":
+        return SAM(model, rho=0.05, **sgd)
+    if method == "asam":
+        return ASAM(model, rho=0.5, eta=0.01, **sgd)
+    if method == "fisher-sam":
+        return FisherSAM(model, rho=0.05, eta=1.0, **sgd)
+    return LLQRSAM(
+        model, rho=0.05, preconditioner="kfac", refresh=REFRESH, beta=BETA, damping=0.1, **sgd
+    )
+
+
+def _batches(data, size: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        yield from data.batches(
+            "train", size, seed=int(torch.randint(2**62, (1,), generator=gen)), shuffle=True
+        )
+
+
+def _step(method: str, opt, model, x, y) -> None:
+    if method == "kfac-sgd":
+        opt.step(x, y)
+        return
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    if method in TWO_PASS:
+        opt.step(closure)
+    else:
+        closure()
+        opt.step()
+
+
+_SPECS: dict = {}
+
+
+def _spec(task: str, model: nn.Module, inputs):
+    """Detect once per architecture (the spec does not depend on the weights)."""
+    if task not in _SPECS:
+        _SPECS[task] = wsym.detect(model, inputs)
+    return _SPECS[task]
+
+
+def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
+    model, data, size = _task(task, seed)
+    spec = _spec(task, model, data.x_train[:8])
+    opt = _optimizer(method, model)
+    steps = budget // 2 if method in TWO_PASS else budget
+    batches = _batches(data, size, seed)
+    model.train()
+    start = time.perf_counter()
+    for t in range(steps):
+        x, y = next(batches)
+        if teleport and t % TELEPORT_EVERY == 0:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                wsym.teleport(model, spec, [(x, y)], F.cross_entropy, steps=3, lr=0.05)
+        _step(method, opt, model, x, y)
+    per_step = (time.perf_counter() - start) / steps
+    _, acc = evaluate(model, data.batches("test", 1024))
+    probe = [(data.x_train[:256], data.y_train[:256])]
+    sharp = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for m in MEASURES:
+            opts = {"probes": 10} if m in ("fisher", "hessian-trace") else {}
+            sharp[m] = wsym.sharpness(model, probe, F.cross_entropy, spec=spec, measure=m, **opts)
+    return {"acc": acc, "time": per_step, **sharp}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--budget", type=int, default=600)
+    parser.add_argument("--tasks", default="mnist1d-mlp,digits-cnn")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--quick", action="store_true", help="1 seed, budget 40: a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.budget = 1, 40
+    torch.set_num_threads(1)
+    for task in args.tasks.split(","):
+        print(f"\n### {task}: {args.seeds} seeds, {args.budget} gradient evaluations per run\n")
+        print("| method | test acc (%) | time/step vs SGD | " + " | ".join(MEASURES) + " |")
+        print("|---|---|---|" + "---|" * len(MEASURES))
+        base_time = None
+        for method in args.methods.split(","):
+            for tp in (False, True):
+                rows = [run(task, method, tp, s, args.budget) for s in range(args.seeds)]
+                acc = [100 * r["acc"] for r in rows]
+                t = statistics.median(r["time"] for r in rows)
+                base_time = t if base_time is None else base_time
+                std = statistics.stdev(acc) if len(acc) > 1 else 0.0
+                cells = [f"{statistics.mean(r[m] for r in rows):.3g}" for m in MEASURES]
+                name = method + ("+tp" if tp else "")
+                print(
+                    f"| {name} | {statistics.mean(acc):.1f} ± {std:.1f} | {t / base_time:.2f} | "
+                    + " | ".join(cells)
+                    + " |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

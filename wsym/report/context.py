@@ -1,0 +1,74 @@
+"""What every report section reads: the zoo, its spec, data and the run's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import torch
+from torch import nn
+
+from wsym.progress import Progress
+from wsym.spec import SymmetrySpec
+
+
+@dataclass
+class Context:
+    """A zoo and its detected spec, with the knobs of one report run.
+
+    Attributes:
+        zoo: a loaded :class:`wsym.zoo.Zoo` (anything with its ``table``,
+            ``model``, ``state_dict``, ``split``, ``dataset`` and ``example_inputs``).
+        spec: the zoo architecture's symmetries.
+        seed: seeds every random choice of the run.
+        quick: fewer members and batches (tests, smoke runs).
+        progress: draw progress bars on stderr.
+    """
+
+    zoo: Any
+    spec: SymmetrySpec
+    seed: int = 0
+    quick: bool = False
+    progress: bool = True
+    _data: Any = field(default=None, repr=False)
+
+    @property
+    def data(self) -> Any:
+        """The zoo's dataset (loaded once)."""
+        if self._data is None:
+            self._data = self.zoo.dataset()
+        return self._data
+
+    @property
+    def regression(self) -> bool:
+        """Whether members regress (MSE) rather than classify (cross-entropy)."""
+        return self.zoo.manifest.get("task", "classification") == "regression"
+
+    def loss_fn(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The members' training loss (mean over the batch)."""
+        if self.regression:
+            return ((outputs.squeeze(-1) - targets) ** 2).mean()
+        return nn.functional.cross_entropy(outputs, targets)
+
+    def model(
+        self, member: int, state_dict: dict | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
+        """Member ``member``'s module in eval mode, with its (or the given) weights."""
+        module = self.zoo.model(member)
+        if dtype is not None:
+            module = module.to(dtype)
+        module.load_state_dict(self.zoo.state_dict(member) if state_dict is None else state_dict)
+        return module.eval()
+
+    def batches(self, split: str, count: int, size: int = 256) -> list:
+        """The first ``count`` batches of the dataset's ``split`` (a fixed order)."""
+        return list(islice(self.data.batches(split, size), count))
+
+    def row(self, member: int) -> dict:
+        """Member ``member``'s row of the zoo table."""
+        return next(r for r in self.zoo.table if int(r["id"]) == member)
+
+    def bar(self, total: int, label: str) -> Progress:
+        """A progress bar for a step of ``total`` items."""
+        return Progress(total, label, enabled=self.progress)
