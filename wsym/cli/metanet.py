@@ -22,6 +22,10 @@ from wsym.errors import WsymInputError
 #: The shipped meta-network ``wsym predict`` uses without ``--metanet``.
 DEFAULT_METANET = Path(__file__).resolve().parents[2] / "models" / "metanet-mnist1d-mlp.safetensors"
 
+#: Default predictors of ``metanet eval`` (as :data:`wsym.metanet.evaluate.PREDICTORS`;
+#: spelled out here so that the parser does not import torch-geometric).
+PREDICTORS = "metanet,statnn,statnn-canonical,flat-mlp,nfn"
+
 _TRAIN_EXAMPLE = """\
 examples:
   wsym metanet train --zoo data/zoos/mnist1d-mlp --out models/metanet-mnist1d-mlp.safetensors
@@ -48,8 +52,6 @@ def open_zoo(path: str) -> Any:
 
 def add_commands(commands: Any) -> None:
     """Add ``metanet`` (train, eval) and ``predict`` to the ``wsym`` parser."""
-    from wsym.metanet.evaluate import PREDICTORS, SHARPNESS
-
     meta = add_command(
         commands, "metanet", "train or evaluate meta-networks on a zoo", _TRAIN_EXAMPLE
     )
@@ -63,8 +65,12 @@ def add_commands(commands: Any) -> None:
     ev = add_command(sub, "eval", "compare meta-networks and baselines on a zoo", _TRAIN_EXAMPLE)
     ev.add_argument("--zoo", required=True, metavar="DIR", help="zoo directory")
     ev.add_argument("--seeds", type=int, default=3, help="seeds per predictor (default 3)")
-    names = ", ".join(PREDICTORS + tuple(f"sharpness:{m}" for m in SHARPNESS))
-    ev.add_argument("--predictors", default=",".join(PREDICTORS), help=f"comma list of: {names}")
+    ev.add_argument(
+        "--predictors",
+        default=PREDICTORS,
+        help=f"comma list of: {PREDICTORS}, sharpness:MEASURE (adaptive, geodesic-mix, fisher, "
+        "hessian-trace, ...)",
+    )
     ev.add_argument("--transfer", metavar="KEY", help="train on low KEY values, test on high")
     ev.add_argument("--epochs", type=int, default=80, help="meta-network epochs (default 80)")
     ev.add_argument("--plot", metavar="PNG", help="scatter plot of predicted vs true gap")
