@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from wsym.cli import checkpoints, report, sharpness, zoo
+from wsym.cli import checkpoints, metanet, report, sharpness, zoo
 from wsym.cli.common import EXIT_ERROR, EXIT_INPUT, EXIT_OK, add_command
 from wsym.errors import WsymInputError
 
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     sharpness.add_command_to(commands)
     report.add_command_to(commands)
     zoo.add_command_to(commands)
+    metanet.add_commands(commands)
 
     tour = add_command(
         commands, "tour", "detect symmetries of a few bundled architectures", _TOUR_EXAMPLE

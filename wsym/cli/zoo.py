@@ -131,15 +131,12 @@ def plot_gaps(zoo: Any, path: str) -> None:
     """Histogram of the members' gaps, saved as a PNG."""
     import io
 
+    import matplotlib
+
     from wsym.zoo.store import write_atomic
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise WsymInputError("--plot needs matplotlib; pip install 'wsym[plot]'") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     gaps = [row["gap"] for row in zoo.table if not math.isnan(row["gap"])]
     fig, ax = plt.subplots(figsize=(5, 3.2))

@@ -1,0 +1,203 @@
+"""``wsym metanet train|eval`` and ``wsym predict``: meta-networks on zoos and checkpoints.
+
+* ``metanet train --zoo DIR --out FILE``: fit the invariant meta-network on the
+  zoo's train split (val split for early stopping), write ``FILE`` (safetensors
+  + JSON config) and a model card ``FILE`` with ``.md`` (zoo, split, tau).
+* ``metanet eval --zoo DIR``: the comparison table of every predictor (Kendall
+  tau, R^2 over seeds, invariance), ``--plot PNG`` for predicted vs true gap.
+* ``predict --checkpoint FILE``: predicted generalization gap of one checkpoint,
+  with the shipped meta-network by default (``--metanet`` to use another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from wsym.cli.common import EXIT_OK, add_command
+from wsym.errors import WsymInputError
+
+#: The shipped meta-network ``wsym predict`` uses without ``--metanet``.
+DEFAULT_METANET = Path(__file__).resolve().parents[2] / "models" / "metanet-mnist1d-mlp.safetensors"
+
+#: Default predictors of ``metanet eval`` (as :data:`wsym.metanet.evaluate.PREDICTORS`;
+#: spelled out here so that the parser does not import torch-geometric).
+PREDICTORS = "metanet,statnn,statnn-canonical,flat-mlp,nfn"
+
+_TRAIN_EXAMPLE = """\
+examples:
+  wsym metanet train --zoo data/zoos/mnist1d-mlp --out models/metanet-mnist1d-mlp.safetensors
+  wsym metanet eval --zoo data/zoos/mnist1d-mlp --seeds 3 --plot gap.png
+  wsym metanet eval --zoo data/zoos/mnist1d-mlp --transfer train_size --json
+"""
+_PREDICT_EXAMPLE = """\
+examples:
+  wsym predict --checkpoint net.safetensors --model wsym:mlp
+  wsym predict --checkpoint net.pt --metanet my-metanet.safetensors --json
+"""
+
+
+def open_zoo(path: str) -> Any:
+    """A zoo directory through :func:`wsym.zoo.load` (one-line error if unavailable)."""
+    try:
+        from wsym import zoo as zoo_module
+    except ImportError:
+        raise WsymInputError("wsym.zoo is not installed in this build; cannot read --zoo") from None
+    if not Path(path).is_dir():
+        raise WsymInputError(f"zoo directory not found: {path}; check the path")
+    return zoo_module.load(path)
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``metanet`` (train, eval) and ``predict`` to the ``wsym`` parser."""
+    meta = add_command(
+        commands, "metanet", "train or evaluate meta-networks on a zoo", _TRAIN_EXAMPLE
+    )
+    sub = meta.add_subparsers(dest="metanet_command", metavar="ACTION", required=True)
+    train = add_command(sub, "train", "fit the invariant meta-network on a zoo", _TRAIN_EXAMPLE)
+    train.add_argument("--zoo", required=True, metavar="DIR", help="zoo directory")
+    train.add_argument("--out", required=True, metavar="FILE", help="output .safetensors")
+    train.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    train.add_argument("--epochs", type=int, default=80, help="largest epoch count (default 80)")
+    train.set_defaults(handler=run_train)
+    ev = add_command(sub, "eval", "compare meta-networks and baselines on a zoo", _TRAIN_EXAMPLE)
+    ev.add_argument("--zoo", required=True, metavar="DIR", help="zoo directory")
+    ev.add_argument("--seeds", type=int, default=3, help="seeds per predictor (default 3)")
+    ev.add_argument(
+        "--predictors",
+        default=PREDICTORS,
+        help=f"comma list of: {PREDICTORS}, sharpness:MEASURE (adaptive, geodesic-mix, fisher, "
+        "hessian-trace, ...)",
+    )
+    ev.add_argument("--transfer", metavar="KEY", help="train on low KEY values, test on high")
+    ev.add_argument("--epochs", type=int, default=80, help="meta-network epochs (default 80)")
+    ev.add_argument("--plot", metavar="PNG", help="scatter plot of predicted vs true gap")
+    ev.add_argument("--json", action="store_true", help="print the report as JSON")
+    ev.set_defaults(handler=run_eval)
+    pred = add_command(
+        commands, "predict", "predict a checkpoint's generalization gap", _PREDICT_EXAMPLE
+    )
+    pred.add_argument("--checkpoint", required=True, metavar="FILE", help="weights to read")
+    pred.add_argument("--model", metavar="SPEC", help="model spec the checkpoint must fit")
+    pred.add_argument("--config", default="", metavar="K=V,...", help="builder config")
+    pred.add_argument("--metanet", metavar="FILE", help="meta-network (default: the shipped one)")
+    pred.add_argument("--json", action="store_true", help="print the result as JSON")
+    pred.set_defaults(handler=run_predict)
+
+
+def _check_out(path: str) -> Path:
+    out = Path(path)
+    if out.suffix != ".safetensors":
+        raise WsymInputError(f"--out must end in .safetensors, got {out.name}")
+    if not out.parent.is_dir():
+        raise WsymInputError(f"output directory does not exist: {out.parent}; create it first")
+    return out
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``wsym metanet train``."""
+    import torch
+
+    from wsym.detect import detect
+    from wsym.metanet import fit, kendall_tau
+    from wsym.metanet.evaluate import zoo_splits
+
+    out = _check_out(args.out)
+    zoo = open_zoo(args.zoo)
+    ids = zoo_splits(zoo)
+    gap = {r["id"]: float(r["gap"]) for r in zoo.table}
+    spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())
+    val = (zoo.state_dicts(ids["val"]), [gap[i] for i in ids["val"]])
+    p = fit(
+        None,
+        zoo.state_dicts(ids["train"]),
+        [gap[i] for i in ids["train"]],
+        spec=spec,
+        validation=val,
+        seed=args.seed,
+        epochs=args.epochs,
+    )
+    y_test = torch.tensor([gap[i] for i in ids["test"]])
+    tau = kendall_tau(y_test, p.predict(zoo.state_dicts(ids["test"]))) if ids["test"] else None
+    p.config["card"] = {
+        "zoo": str(args.zoo),
+        "splits": {k: len(v) for k, v in ids.items()},
+        "test_tau": tau,
+    }
+    p.save(out)
+    out.with_suffix(".md").write_text(model_card(p, args.zoo, ids, tau))
+    print(f"wrote {out} (test Kendall tau {tau:.3f}, {p.config['report']['train_seconds']:.0f}s)")
+    return EXIT_OK
+
+
+def model_card(p: Any, zoo: str, ids: dict, tau: float | None) -> str:
+    """A short markdown model card for a trained meta-network."""
+    rep = p.config["report"]
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(p.spec.kinds().items()))
+    return "\n".join(
+        [
+            f"# Meta-network: generalization gap on `{zoo}`",
+            "",
+            f"- architecture: {len(p.schema.plans)} tensors; symmetries: {kinds}",
+            f"- training: {len(ids['train'])} train / {len(ids['val'])} val members (zoo splits), "
+            f"seed {rep['seed']}, best epoch {rep['best_epoch']}, "
+            f"{rep['train_seconds']:.0f}s on CPU",
+            f"- test split: {len(ids['test'])} members, Kendall tau {tau:.3f}"
+            if tau is not None
+            else "- test split: none",
+            f"- validation Kendall tau: {rep['val_tau']:.3f}",
+            f"- network: {p.config['layers']} message-passing layers, width {p.config['hidden']}",
+            "- invariant to every group of the spec (canonical forms + message passing)",
+            "",
+        ]
+    )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``wsym metanet eval``."""
+    from wsym.metanet.evaluate import evaluate, format_table, scatter_plot
+
+    if args.seeds < 1:
+        raise WsymInputError(f"--seeds must be >= 1, got {args.seeds}")
+    zoo = open_zoo(args.zoo)
+    names = tuple(n.strip() for n in args.predictors.split(",") if n.strip())
+    report = evaluate(
+        zoo,
+        predictors=names,
+        seeds=tuple(range(args.seeds)),
+        split_key=args.transfer,
+        metanet_options={"epochs": args.epochs},
+    )
+    if args.plot:
+        scatter_plot(report, args.plot)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "test_predictions"}, indent=2))
+    else:
+        print(format_table(report))
+    return EXIT_OK
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """``wsym predict``."""
+    from wsym.io.checkpoint import load_state_dict
+    from wsym.metanet import load
+
+    path = Path(args.metanet) if args.metanet else DEFAULT_METANET
+    if not args.metanet and not path.is_file():
+        raise WsymInputError(f"no shipped meta-network at {path}; pass --metanet FILE")
+    predictor = load(path)
+    sd = load_state_dict(args.checkpoint)
+    if args.model:
+        from wsym.factory import build_model, parse_config
+        from wsym.io.checkpoint import check_compatible
+
+        model = build_model(args.model, parse_config(args.config))
+        check_compatible(model.state_dict(), sd, args.checkpoint)
+    gap = float(predictor.predict(sd))
+    if args.json:
+        print(json.dumps({"checkpoint": args.checkpoint, "metanet": str(path), "gap": gap}))
+    else:
+        print(f"predicted generalization gap: {gap:.4f}")
+    return EXIT_OK

@@ -1,0 +1,25 @@
+"""Equivariant meta-networks: predict a network's generalization from its weights.
+
+* :mod:`~wsym.metanet.graph` -- weights as torch-geometric graphs, derived from the spec;
+* :mod:`~wsym.metanet.invariant` -- continuous groups and signs removed by canonical forms;
+* :mod:`~wsym.metanet.layers` -- message passing with edge updates;
+* :mod:`~wsym.metanet.fit` / :mod:`~wsym.metanet.predictor` -- training, prediction, files;
+* :mod:`~wsym.metanet.baselines` -- StatNN, flat MLP, NFN, sharpness predictors.
+"""
+
+from wsym.metanet.fit import fit
+from wsym.metanet.graph import GraphSchema, batch_graphs
+from wsym.metanet.invariant import invariant_form
+from wsym.metanet.metrics import kendall_tau, r2
+from wsym.metanet.predictor import Predictor, load
+
+__all__ = [
+    "GraphSchema",
+    "Predictor",
+    "batch_graphs",
+    "fit",
+    "invariant_form",
+    "kendall_tau",
+    "load",
+    "r2",
+]

@@ -1,0 +1,202 @@
+r"""Training a meta-network on any list of checkpoints of one architecture.
+
+``fit`` detects the symmetry spec (or takes one), maps every state dict to its
+invariant weight graph once, and trains a :class:`~wsym.metanet.layers.WeightGraphNet`
+with Adam on standardized targets, minimizing
+
+.. math:: \mathrm{MSE}(p, y) + \lambda \cdot \mathrm{mean}_{y_i \neq y_j}
+    \log(1 + e^{-(p_i - p_j)\,\mathrm{sign}(y_i - y_j)})
+
+(a pairwise ranking term), keeping the weights with the best validation Kendall
+tau (early stopping with ``patience`` epochs). Everything random comes from
+``seed``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import nn
+
+from wsym.detect import detect
+from wsym.errors import WsymInputError
+from wsym.metanet.graph import GraphSchema, batch_graphs
+from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
+from wsym.metanet.predictor import Predictor, network_for
+from wsym.spec import SymmetrySpec
+
+
+def resolve_spec(factory, example_inputs=None, spec: SymmetrySpec | None = None) -> SymmetrySpec:
+    """The spec given, or detected on ``factory`` (a module or a zero-argument callable)."""
+    if spec is not None:
+        return spec
+    if example_inputs is None:
+        raise WsymInputError("fit needs example_inputs= (to detect the symmetries) or spec=")
+    model = factory if isinstance(factory, nn.Module) else factory()
+    return detect(model, example_inputs)
+
+
+def fit(
+    factory,
+    state_dicts: list[dict],
+    targets,
+    *,
+    example_inputs=None,
+    spec: SymmetrySpec | None = None,
+    validation: tuple[list[dict], object] | None = None,
+    val_fraction: float = 0.2,
+    target_names: tuple[str, ...] = ("gap",),
+    hidden: int = 32,
+    layers: int = 2,
+    epochs: int = 80,
+    lr: float = 2e-3,
+    weight_decay: float = 1e-4,
+    batch_size: int = 32,
+    rank_weight: float = 1.0,
+    patience: int = 20,
+    seed: int = 0,
+    graphs=None,
+) -> Predictor:
+    """Train a meta-network predicting ``targets`` from ``state_dicts``.
+
+    Args:
+        factory: the architecture: a module, or a zero-argument callable returning one.
+        state_dicts: training checkpoints (same architecture).
+        targets: ``(n,)`` or ``(n, k)`` values to predict (e.g. generalization gaps).
+        example_inputs: inputs for detection (or pass ``spec``).
+        spec: the architecture's spec, if already detected.
+        validation: ``(state_dicts, targets)`` for early stopping; default: a
+            seeded random ``val_fraction`` of the training members.
+        val_fraction: share of members held out for validation when ``validation`` is None.
+        target_names: names of the target columns (stored with the predictor).
+        hidden: network width.
+        layers: message-passing rounds.
+        epochs: largest number of passes over the training members.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        batch_size: graphs per step.
+        rank_weight: weight of the pairwise ranking term.
+        patience: epochs without a better validation tau before stopping.
+        seed: seeds the network's initialization and the batch orders.
+        graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
+
+    Returns:
+        A :class:`~wsym.metanet.predictor.Predictor`; ``config["report"]`` has the
+        best epoch, validation tau and training time.
+
+    Example:
+        >>> import torch
+        >>> from wsym.reference import MLP
+        >>> sds = [MLP(3, [4], 2).state_dict() for _ in range(8)]
+        >>> y = torch.tensor([float(sd["0.weight"].norm()) for sd in sds])
+        >>> p = fit(lambda: MLP(3, [4], 2), sds, y, example_inputs=torch.randn(2, 3), epochs=2)
+        >>> p.predict(sds).shape
+        torch.Size([8])
+    """
+    spec = resolve_spec(factory, example_inputs, spec)
+    y = torch.as_tensor(targets, dtype=torch.float64)
+    y = y[:, None] if y.ndim == 1 else y
+    if len(y) != len(state_dicts) or len(state_dicts) < 2:
+        raise WsymInputError(
+            f"need one target per state dict and at least 2 of them, got {len(state_dicts)} "
+            f"state dicts and {len(y)} targets"
+        )
+    probe = Predictor(spec, network_for(GraphSchema.from_spec(spec), hidden, layers, 1), {})
+    graphs = probe.graphs(state_dicts) if graphs is None else list(graphs)
+    if validation is None:
+        order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
+        n_val = max(1, int(round(val_fraction * len(graphs))))
+        val_idx, tr_idx = order[:n_val].tolist(), order[n_val:].tolist()
+        val_graphs, y_val = [graphs[i] for i in val_idx], y[val_idx]
+        graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
+    else:
+        val_graphs = probe.graphs(validation[0])
+        y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
+    mean, std = y.mean(0), y.std(0).clamp(min=1e-12) if len(y) > 1 else torch.ones(y.shape[1])
+    config = {
+        "targets": list(target_names)[: y.shape[1]] or [f"y{i}" for i in range(y.shape[1])],
+        "target_mean": mean.tolist(),
+        "target_std": std.tolist(),
+        "hidden": hidden,
+        "layers": layers,
+    }
+    torch.manual_seed(seed)
+    net = network_for(probe.schema, hidden, layers, y.shape[1])
+    whole = batch_graphs(graphs)
+    net.edge_enc.fit(whole.edge_attr.float(), whole.edge_type)
+    net.attr_enc.fit(whole.attr_val.float(), whole.attr_type)
+    predictor = Predictor(spec, net, config)
+    report = _train(
+        predictor,
+        graphs,
+        (y - mean) / std,
+        val_graphs,
+        y_val,
+        epochs=epochs,
+        lr=lr,
+        weight_decay=weight_decay,
+        batch_size=batch_size,
+        rank_weight=rank_weight,
+        patience=patience,
+        seed=seed,
+    )
+    config["report"] = report
+    return predictor
+
+
+def _train(
+    predictor,
+    graphs,
+    z,
+    val_graphs,
+    y_val,
+    *,
+    epochs,
+    lr,
+    weight_decay,
+    batch_size,
+    rank_weight,
+    patience,
+    seed,
+) -> dict:
+    net = predictor.net
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    best = (-2.0, 0, copy.deepcopy(net.state_dict()))
+    start = time.perf_counter()
+    epoch = 0
+    for epoch in range(1, epochs + 1):
+        net.train()
+        for idx in torch.randperm(len(graphs), generator=gen).split(batch_size):
+            if len(idx) < 2:
+                continue
+            pred = net(batch_graphs([graphs[i] for i in idx.tolist()])).double()
+            target = z[idx]
+            loss = nn.functional.mse_loss(pred, target)
+            if rank_weight:
+                loss = loss + rank_weight * pairwise_rank_loss(pred[:, 0], target[:, 0])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        tau = kendall_tau(y_val[:, 0], _column(predictor.predict_graphs(val_graphs)))
+        if tau > best[0]:
+            best = (tau, epoch, copy.deepcopy(net.state_dict()))
+        elif epoch - best[1] >= patience:
+            break
+    net.load_state_dict(best[2])
+    net.eval()
+    return {
+        "val_tau": best[0],
+        "best_epoch": best[1],
+        "epochs_run": epoch,
+        "train_members": len(graphs),
+        "val_members": len(val_graphs),
+        "train_seconds": time.perf_counter() - start,
+        "seed": seed,
+    }
+
+
+def _column(y: torch.Tensor) -> torch.Tensor:
+    return y if y.ndim == 1 else y[:, 0]

@@ -1,0 +1,156 @@
+r"""Message passing over weight graphs: edge updates, node updates, class-wise readout.
+
+One :class:`EdgeNodeConv` layer (PyG :class:`~torch_geometric.nn.MessagePassing`)
+updates every edge from its two end nodes, then every node from the mean of the
+messages along its incoming edges and, separately, along its outgoing ones:
+
+.. math::
+    e_{ij} \leftarrow e_{ij} + \phi_e([h_i, h_j, e_{ij}]), \qquad
+    h_j \leftarrow h_j + \phi_h\big([h_j,\ \mathrm{mean}_{i \to j} \psi_f([h_i, e_{ij}]),\
+    \mathrm{mean}_{j \to k} \psi_b([h_k, e_{jk}])]\big).
+
+:class:`WeightGraphNet` encodes raw features per type (standardized with
+type-wise statistics, then a shared linear map modulated per type), stacks
+layers, and reads out the per-class mean of the nodes and the per-type mean of
+the edges. Every operation is a function of node and edge *types* and of
+sums/means over sets, so the output is invariant to any permutation of the
+nodes of a class.
+
+Shapes:
+    input: a :class:`~torch_geometric.data.Batch` of ``B`` weight graphs
+    (:mod:`wsym.metanet.graph`); output ``(B, outputs)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing
+from torch_geometric.utils import scatter
+
+
+def mlp(d_in: int, d_hidden: int, d_out: int) -> nn.Sequential:
+    """Two-layer perceptron with a SiLU in between."""
+    return nn.Sequential(nn.Linear(d_in, d_hidden), nn.SiLU(), nn.Linear(d_hidden, d_out))
+
+
+class EdgeNodeConv(MessagePassing):
+    """One round of edge and node updates (both directions of every edge).
+
+    Example:
+        >>> conv = EdgeNodeConv(8)
+        >>> h, e = torch.randn(4, 8), torch.randn(3, 8)
+        >>> ei = torch.tensor([[0, 1, 2], [3, 3, 0]])
+        >>> [t.shape for t in conv(h, ei, e)]
+        [torch.Size([4, 8]), torch.Size([3, 8])]
+    """
+
+    def __init__(self, hidden: int):
+        super().__init__(aggr="mean")
+        self.edge = mlp(3 * hidden, hidden, hidden)
+        self.forward_msg = mlp(2 * hidden, hidden, hidden)
+        self.backward_msg = mlp(2 * hidden, hidden, hidden)
+        self.node = mlp(3 * hidden, hidden, hidden)
+        self.norm_h, self.norm_e = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
+        """Updated ``(h (N, H), e (E, H))``."""
+        src, dst = edge_index
+        e = self.norm_e(e + self.edge(torch.cat([h[src], h[dst], e], dim=-1)))
+        fwd = self.propagate(edge_index, x=h, e=e, mlp=self.forward_msg, size=(len(h), len(h)))
+        bwd = self.propagate(
+            edge_index.flip(0), x=h, e=e, mlp=self.backward_msg, size=(len(h), len(h))
+        )
+        h = self.norm_h(h + self.node(torch.cat([h, fwd, bwd], dim=-1)))
+        return h, e
+
+    def message(self, x_j: Tensor, e: Tensor, mlp: nn.Module) -> Tensor:  # noqa: D102
+        return mlp(torch.cat([x_j, e], dim=-1))
+
+
+class TypedEncoder(nn.Module):
+    """Standardize features per type, then ``Linear(x) * (1 + gamma[type]) + beta[type]``."""
+
+    def __init__(self, types: int, width: int, hidden: int):
+        super().__init__()
+        self.lin = nn.Linear(width, hidden)
+        self.gamma, self.beta = nn.Embedding(types, hidden), nn.Embedding(types, hidden)
+        nn.init.zeros_(self.gamma.weight)
+        self.register_buffer("mean", torch.zeros(types, width))
+        self.register_buffer("std", torch.ones(types, width))
+
+    def fit(self, x: Tensor, types: Tensor) -> None:
+        """Set the per-type mean and standard deviation from training features."""
+        n = len(self.mean)
+        count = scatter(torch.ones_like(types, dtype=x.dtype), types, 0, dim_size=n).clamp(min=1)
+        mean = scatter(x, types, 0, dim_size=n, reduce="sum") / count[:, None]
+        var = scatter((x - mean[types]) ** 2, types, 0, dim_size=n, reduce="sum") / count[:, None]
+        self.mean.copy_(mean)
+        self.std.copy_(var.sqrt().clamp(min=1e-8))
+
+    def forward(self, x: Tensor, types: Tensor) -> Tensor:  # noqa: D102
+        z = self.lin((x - self.mean[types]) / self.std[types])
+        return z * (1 + self.gamma(types)) + self.beta(types)
+
+
+class WeightGraphNet(nn.Module):
+    """Invariant meta-network: typed encoders, ``layers`` x :class:`EdgeNodeConv`, readout.
+
+    Args:
+        num_node_types, num_classes, num_edge_types, num_attr_types: from the schema.
+        edge_width, attr_width, graph_width: raw feature sizes (from the schema).
+        hidden: feature size; layers: message-passing rounds; outputs: predicted targets.
+    """
+
+    def __init__(
+        self,
+        num_node_types: int,
+        num_classes: int,
+        num_edge_types: int,
+        num_attr_types: int,
+        edge_width: int,
+        attr_width: int,
+        graph_width: int,
+        hidden: int = 64,
+        layers: int = 3,
+        outputs: int = 1,
+    ):
+        super().__init__()
+        self.num_classes, self.num_edge_types = num_classes, max(num_edge_types, 1)
+        self.node_embed = nn.Embedding(num_node_types, hidden)
+        self.edge_enc = TypedEncoder(self.num_edge_types, edge_width, hidden)
+        self.attr_enc = TypedEncoder(max(num_attr_types, 1), attr_width, hidden)
+        self.graph_enc = nn.Linear(max(graph_width, 1), hidden)
+        self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
+        pooled = (self.num_classes + self.num_edge_types + 1) * hidden
+        self.head = mlp(pooled, hidden, outputs)
+
+    def forward(self, batch) -> Tensor:
+        """``(B, outputs)`` predictions for a batch of weight graphs."""
+        dtype = self.node_embed.weight.dtype
+        n, b = batch.num_nodes, batch.num_graphs
+        h = self.node_embed(batch.node_type)
+        a = self.attr_enc(batch.attr_val.to(dtype), batch.attr_type)
+        h = h + scatter(a, batch.attr_node, 0, dim_size=n, reduce="sum")
+        e = self.edge_enc(batch.edge_attr.to(dtype), batch.edge_type)
+        for conv in self.convs:
+            h, e = conv(h, batch.edge_index, e)
+        node_graph = batch.batch
+        nodes = scatter(
+            h,
+            node_graph * self.num_classes + batch.node_class,
+            0,
+            dim_size=b * self.num_classes,
+            reduce="mean",
+        )
+        edge_graph = node_graph[batch.edge_index[1]]
+        edges = scatter(
+            e,
+            edge_graph * self.num_edge_types + batch.edge_type,
+            0,
+            dim_size=b * self.num_edge_types,
+            reduce="mean",
+        )
+        g = self.graph_enc(batch.graph_attr.to(dtype))
+        pooled = torch.cat([nodes.view(b, -1), edges.view(b, -1), g], dim=1)
+        return self.head(pooled)

@@ -1,0 +1,147 @@
+"""A trained meta-network: its spec, graph schema, network and target scaling; save and load.
+
+A :class:`Predictor` maps state dicts of one architecture to predicted targets
+(e.g. the generalization gap). It is invariant to the whole symmetry group of
+that architecture: :func:`~wsym.metanet.invariant.invariant_form` removes the
+continuous groups and signs, message passing over the weight graph the
+permutations.
+
+Files are one ``.safetensors`` holding the network's tensors, with the JSON
+configuration (spec, architecture signature, hyperparameters, target scaling,
+training report) in its metadata under ``"wsym.metanet"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+
+from wsym.errors import WsymInputError
+from wsym.metanet.graph import GraphSchema, batch_graphs
+from wsym.metanet.invariant import invariant_form
+from wsym.metanet.layers import WeightGraphNet
+from wsym.spec import SymmetrySpec
+
+META_KEY = "wsym.metanet"
+FORMAT = 1
+
+
+def network_for(schema: GraphSchema, hidden: int, layers: int, outputs: int) -> WeightGraphNet:
+    """A fresh :class:`WeightGraphNet` sized for ``schema``."""
+    return WeightGraphNet(
+        schema.num_node_types,
+        schema.num_classes,
+        schema.num_edge_types,
+        schema.num_attr_types,
+        schema.edge_width,
+        schema.attr_width,
+        schema.graph_width,
+        hidden=hidden,
+        layers=layers,
+        outputs=outputs,
+    )
+
+
+class Predictor:
+    """Predicts targets from state dicts of one architecture.
+
+    Attributes:
+        spec: the architecture's :class:`~wsym.spec.SymmetrySpec`.
+        schema: its :class:`~wsym.metanet.graph.GraphSchema`.
+        net: the :class:`~wsym.metanet.layers.WeightGraphNet`.
+        config: hyperparameters, target names and scaling, training report.
+    """
+
+    def __init__(self, spec: SymmetrySpec, net: WeightGraphNet, config: dict):
+        self.spec, self.net, self.config = spec, net, config
+        self.schema = GraphSchema.from_spec(spec)
+        self.net.eval()
+
+    def graphs(self, state_dicts: list[dict]) -> list:
+        """Invariant weight graphs of ``state_dicts`` (checked against the architecture)."""
+        out = []
+        for i, sd in enumerate(state_dicts):
+            try:
+                self.schema.check(sd)
+            except WsymInputError as err:
+                raise WsymInputError(f"state dict {i}: {err}") from None
+            out.append(self.schema.graph(invariant_form(sd, self.spec)))
+        return out
+
+    @torch.no_grad()
+    def predict_graphs(self, graphs: list, batch_size: int = 64) -> torch.Tensor:
+        """Predictions ``(n,)`` (or ``(n, targets)``) in target units, from prepared graphs."""
+        self.net.eval()
+        parts = [
+            self.net(batch_graphs(graphs[i : i + batch_size]))
+            for i in range(0, len(graphs), batch_size)
+        ]
+        y = torch.cat(parts).double() if parts else torch.zeros(0, len(self.config["targets"]))
+        y = y * torch.tensor(self.config["target_std"]) + torch.tensor(self.config["target_mean"])
+        return y[:, 0] if len(self.config["targets"]) == 1 else y
+
+    def predict(self, state_dicts: list[dict] | dict) -> torch.Tensor:
+        """Predicted targets for a list of state dicts (or one state dict).
+
+        Raises:
+            WsymInputError: a state dict of another architecture (missing entry or
+                wrong shape), naming the mismatch.
+        """
+        single = isinstance(state_dicts, dict)
+        y = self.predict_graphs(self.graphs([state_dicts] if single else list(state_dicts)))
+        return y[0] if single else y
+
+    def double(self) -> Predictor:
+        """Run the network in float64 (for invariance checks at round-off level)."""
+        self.net.double()
+        return self
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write one ``.safetensors`` file (tensors + JSON config in the metadata)."""
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            raise WsymInputError(f"meta-network files end in .safetensors, got {path.name}")
+        meta = {
+            "format": FORMAT,
+            "spec": self.spec.to_json(),
+            "signature": self.schema.signature(),
+            **self.config,
+        }
+        tensors = {k: v.detach().float().contiguous() for k, v in self.net.state_dict().items()}
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
+        os.replace(tmp, path)
+
+
+def load(path: str | os.PathLike) -> Predictor:
+    """Read a :class:`Predictor` written by :meth:`Predictor.save`.
+
+    Raises:
+        WsymInputError: missing file, or not a wsym meta-network file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WsymInputError(f"meta-network file not found: {path}; check the path")
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = (f.metadata() or {}).get(META_KEY)
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise WsymInputError(f"cannot read meta-network {path}: {err}; re-save it") from None
+    if meta is None:
+        raise WsymInputError(
+            f"{path} is a safetensors file but not a wsym meta-network (no {META_KEY!r} metadata)"
+        )
+    config = json.loads(meta)
+    spec = SymmetrySpec.from_json(config.pop("spec"))
+    config.pop("signature", None)
+    config.pop("format", None)
+    schema = GraphSchema.from_spec(spec)
+    net = network_for(schema, config["hidden"], config["layers"], len(config["targets"]))
+    net.load_state_dict(tensors)
+    return Predictor(spec, net, config)
