@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -217,8 +216,6 @@ def run_barrier(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     if args.steps < 2:
         raise WsymInputError(f"--steps must be at least 2 (both endpoints), got {args.steps}")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise WsymInputError("wsym barrier plots with matplotlib; pip install matplotlib")
     job = prepare(args, [args.a, args.b], loss=True)
     sd_a, sd_b = job.states
     curves = {"naive": _curve(job, sd_a, sd_b, args)}
