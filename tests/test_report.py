@@ -35,14 +35,14 @@ def written(tiny_zoo, tmp_path_factory):
 def test_report_writes_html_and_json(written):
     numbers = json.loads((written / "report.json").read_text())
     html = (written / "report.html").read_text()
-    assert set(numbers) >= {"symmetries", "alignment", "invariance", "sharpness", "seconds"}
+    assert set(numbers) >= {"symmetries", "alignment", "invariance", "sharpness", "metanet"}
     assert numbers["symmetries"]["kinds"] == {"permutation": 2, "scaling": 2}
     # moving along the orbit does not change invariant measures, and does change euclidean
     worst = numbers["invariance"]["max_abs_log10_ratio"]
     assert worst["adaptive"] < 1e-6 and worst["euclidean"] > 0.1
     # alignment only moves along the orbit: same canonical form
     assert numbers["alignment"]["aligned_canonical_deviation"] < 1e-4
-    assert len(re.findall(r"<img data-figure=", html)) == 4
+    assert len(re.findall(r"<img data-figure=", html)) == 5
     assert "data:image/png;base64," in html and "<script src" not in html  # self-contained
 
 
@@ -56,5 +56,5 @@ def test_report_bad_zoo_is_a_clear_input_error(tmp_path, capsys):
 @pytest.mark.skipif(browser.find_chromium() is None, reason="needs Debian's chromium")
 def test_every_figure_renders_in_headless_chromium(written, tmp_path):
     shown = browser.check(written / "report.html", tmp_path / "shot.png")
-    assert shown["figures"] == 4 and shown["rendered"] == 4
+    assert shown["figures"] == 5 and shown["rendered"] == 5
     assert (tmp_path / "shot.png").stat().st_size > 10_000

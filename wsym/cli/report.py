@@ -38,6 +38,9 @@ def add_command_to(commands: Any) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run on fewer members")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.add_argument(
+        "--metanet", metavar="FILE", help="meta-network to evaluate (default: the shipped one)"
+    )
+    parser.add_argument(
         "--screenshot", action="store_true", help="render in headless Chromium and check figures"
     )
     parser.set_defaults(handler=run_report)
@@ -54,7 +57,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise WsymInputError(f"--out {out} is a file; give a folder for the report")
     if args.screenshot and browser.find_chromium() is None:
         raise WsymInputError("--screenshot needs Chromium: apt-get install chromium")
-    numbers = wsym.report.report(zoo, out, seed=args.seed, quick=args.quick)
+    numbers = wsym.report.report(zoo, out, seed=args.seed, quick=args.quick, metanet=args.metanet)
     if args.screenshot:
         shown = browser.check(out / "report.html", out / "screenshot.png")
         numbers["browser"] = shown
