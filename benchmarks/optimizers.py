@@ -165,6 +165,8 @@ def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
         warnings.simplefilter("ignore")
         for m in MEASURES:
             opts = {"probes": 10} if m in ("fisher", "hessian-trace") else {}
+            if m == "fisher":  # the paper's S_R (absolute damping), as recorded in the results
+                opts["relative"] = False
             sharp[m] = wsym.sharpness(model, probe, F.cross_entropy, spec=spec, measure=m, **opts)
     return {"acc": acc, "time": per_step, **sharp}
 

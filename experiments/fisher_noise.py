@@ -10,7 +10,8 @@ is aligned with the Fisher. Here:
 * a grid of batch sizes x learning rates; plain SGD (no momentum) on
   ``MLP(40, [64], 10)`` (ReLU), ``--epochs`` epochs of mnist1d (4000 train), seeds
   ``0..--seeds-1`` per cell (initialization and batch order);
-* :math:`S_R` of the final model: ``wsym.sharpness(..., measure="fisher", probes=20)``
+* :math:`S_R` of the final model: ``wsym.sharpness(..., measure="fisher", probes=20,
+  relative=False)`` (the paper's :math:`\sum_i H_{ii} / (F_{ii} + \delta)`, absolute damping)
   (diagonal estimator, sampled labels, damping 1e-3) on the first 512 training examples;
 * test accuracy (1000 test examples);
 * noise-Fisher alignment on the **last layer** (weight and bias, 650 parameters),
@@ -74,7 +75,9 @@ def run(batch: int, lr: float, seed: int, epochs: int, data) -> dict:
     probe = [(x[:256], y[:256]), (x[256:], y[256:])]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        s_r = wsym.sharpness(model, probe, F.cross_entropy, measure="fisher", probes=20, seed=seed)
+        s_r = wsym.sharpness(
+            model, probe, F.cross_entropy, measure="fisher", probes=20, seed=seed, relative=False
+        )
     cos, ratio = last_layer_alignment(model, x, y)
     return {"acc": result["test_accuracy"], "s_r": s_r, "cos": cos, "ratio": ratio}
 
