@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from wsym.curvature.objective import batch_size, call
+from wsym.curvature.objective import as_double, batch_size, call
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.geometry import (
     Gram,
@@ -316,16 +316,6 @@ def average_case(
     return total
 
 
-def _double(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return x.double() if x.is_floating_point() else x
-    if isinstance(x, tuple | list):
-        return type(x)(_double(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _double(v) for k, v in x.items()}
-    return x
-
-
 def _check(batches, measure, rho, steps) -> None:
     if measure not in MEASURES:
         raise WsymInputError(
@@ -394,7 +384,7 @@ def sharpness(
     batches = list(batches)
     _check(batches, measure, rho, steps)
     model64 = copy.deepcopy(model).double()
-    batches64 = [(_double(x), _double(y)) for x, y in batches]
+    batches64 = [(as_double(x), as_double(y)) for x, y in batches]
     if measure in ("hessian-trace", "lambda-max", "fisher"):
         return _curvature(measure, model64, batches64, loss_fn, seed, options)
     if options:

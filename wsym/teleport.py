@@ -59,7 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from wsym.act import GroupElement, act, sample_group
-from wsym.curvature.objective import batch_weights, call
+from wsym.curvature.objective import as_double, batch_weights, call
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.graph.trace import eval_mode
 from wsym.spec import SymmetrySpec
@@ -148,16 +148,6 @@ def _check(objective, steps, lr, tol, batches) -> None:
         raise WsymInputError("batches is empty; pass a list of (inputs, targets)")
 
 
-def _double(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return x.double() if x.is_floating_point() else x
-    if isinstance(x, tuple | list):
-        return type(x)(_double(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _double(v) for k, v in x.items()}
-    return x
-
-
 def teleport(
     model: nn.Module,
     spec: SymmetrySpec | None,
@@ -205,11 +195,11 @@ def teleport(
             f"has none of kinds {', '.join(kinds)}; teleportation cannot move this model"
         )
     model64 = _differentiable_copy(model)
-    state = {k: _double(v.detach()) for k, v in model64.state_dict().items()}
+    state = {k: as_double(v.detach()) for k, v in model64.state_dict().items()}
     names = [n for n, p in model64.named_parameters() if p.requires_grad]
     for n in names:  # leaves, so that entries no group moves still get a gradient
         state[n].requires_grad_(True)
-    batches64 = [(_double(x), _double(y)) for x, y in batches]
+    batches64 = [(as_double(x), as_double(y)) for x, y in batches]
     gen = torch.Generator().manual_seed(seed)
     vs = [
         [torch.randint(0, 2, state[n].shape, generator=gen).double() * 2 - 1 for n in names]

@@ -62,6 +62,17 @@ def call(model: nn.Module, params: Params, inputs: Any) -> Any:
     return functional_call(model, params, as_args(inputs))
 
 
+def as_double(x: Any) -> Any:
+    """``x`` with its floating tensors in float64 (tensors, tuples, lists, dicts of them)."""
+    if isinstance(x, Tensor):
+        return x.double() if x.is_floating_point() else x
+    if isinstance(x, tuple | list):
+        return type(x)(as_double(v) for v in x)
+    if isinstance(x, dict):
+        return {k: as_double(v) for k, v in x.items()}
+    return x
+
+
 def batch_weights(batches: Sequence[Batch]) -> list[float]:
     r"""Weights :math:`w_k = n_k / \sum_j n_j` that make the objective a sample mean."""
     sizes = [batch_size(x) for x, _ in batches]

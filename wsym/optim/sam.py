@@ -84,9 +84,7 @@ class ASAM(SharpnessAware):
         eta: float = 0.01,
         **kwargs: Any,
     ):
-        if not isinstance(eta, int | float) or eta < 0:
-            raise WsymInputError(f"eta must be a number >= 0, got {eta!r}; pass e.g. eta=0.01")
-        self.eta = float(eta)
+        self.eta = _check_eta(eta, "0.01")
         super().__init__(params, base_optimizer, rho, **kwargs)
 
     def scale(self, w: Tensor) -> Tensor:
@@ -122,9 +120,7 @@ class FisherSAM(SharpnessAware):
         eta: float = 1.0,
         **kwargs: Any,
     ):
-        if not isinstance(eta, int | float) or eta < 0:
-            raise WsymInputError(f"eta must be a number >= 0, got {eta!r}; pass e.g. eta=1.0")
-        self.eta = float(eta)
+        self.eta = _check_eta(eta, "1.0")
         super().__init__(params, base_optimizer, rho, **kwargs)
 
     def metric(self, grads: list[Tensor]) -> list[Tensor]:
@@ -135,3 +131,9 @@ class FisherSAM(SharpnessAware):
         r""":math:`\rho F^{-1} g / \sqrt{g^\top F^{-1} g}`."""
         fisher = self.metric(grads)
         return _scaled([g / f for g, f in zip(grads, fisher, strict=True)], grads, self.rho)
+
+
+def _check_eta(eta: Any, example: str) -> float:
+    if not isinstance(eta, int | float) or eta < 0:
+        raise WsymInputError(f"eta must be a number >= 0, got {eta!r}; pass e.g. eta={example}")
+    return float(eta)
