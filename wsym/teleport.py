@@ -40,9 +40,9 @@ Example:
     >>> batches = [(x, torch.randint(0, 3, (32,)))]
     >>> spec = wsym.detect(model, x)
     >>> loss = torch.nn.functional.cross_entropy
-    >>> before = float(loss(model(x), batches[0][1]))
+    >>> before = float(loss(model(x), batches[0][1]).detach())
     >>> model = teleport(model, spec, batches, loss, steps=5, lr=0.1)
-    >>> abs(float(loss(model(x), batches[0][1])) - before) < 1e-5
+    >>> abs(float(loss(model(x), batches[0][1]).detach()) - before) < 1e-5
     True
 """
 
