@@ -66,13 +66,12 @@ from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.geometry import (
     Gram,
     Pair,
-    adaptive_gradient,
-    adaptive_inner,
-    geodesic_step,
+    christoffel,
     horizontal,
     inner,
     riemannian_gradient,
 )
+from wsym.geometry.metrics import _elementwise_shift
 from wsym.graph.trace import eval_mode
 from wsym.quotient import Quotient
 from wsym.spec import SymmetrySpec
@@ -153,37 +152,52 @@ class Euclidean(Perturbation):
 
 
 class Adaptive(Perturbation):
-    """Elementwise adaptive metric ``||xi / |w| ||_2`` (ASAM); ``mask`` zeroes covered entries."""
+    """Elementwise adaptive metric ``||xi / |w| ||_2`` (ASAM); ``mask`` zeroes covered entries.
+
+    The metric weights ``w^2 + s`` (:func:`wsym.geometry.adaptive_inner`) are computed
+    once at the base point and the tangent is handled as one flat vector where that
+    saves per-tensor work.
+    """
 
     def __init__(self, params, mask: dict[str, Tensor] | None = None):
         super().__init__(params)
         self.keep = {n: ~mask[n] if mask else None for n in self.names}
+        dens, keeps = [], []
+        for n in self.names:
+            w = self.params[n]
+            dens.append((w * w + _elementwise_shift(w, ELEMENTWISE_EPS)).reshape(-1))
+            k = self.keep[n]
+            keeps.append(torch.ones_like(dens[-1]) if k is None else k.reshape(-1).to(w.dtype))
+        keep = torch.cat(keeps) if keeps else torch.zeros(0)
+        den = torch.cat(dens) if dens else torch.zeros(0)
+        self._inv = keep / den  # metric weight, 0 on covered entries
+        self._scale = keep * den  # Riemannian-gradient factor
+        self._keep = keep
+        self._shapes = [self.params[n].shape for n in self.names]
+        self._sizes = [self.params[n].numel() for n in self.names]
+
+    def _flat(self, xs) -> Tensor:
+        return torch.cat([x.reshape(-1) for x in xs[: len(self.names)]])
+
+    def _split(self, flat: Tensor) -> list[Tensor]:
+        parts = flat.split(self._sizes)
+        return [x.reshape(s) for x, s in zip(parts, self._shapes, strict=True)]
 
     def _masked(self, xs):
-        out = list(xs)
-        for i, n in enumerate(self.names):
-            if self.keep[n] is not None:
-                out[i] = out[i] * self.keep[n]
-        return out
+        return self._split(self._flat(xs) * self._keep)
 
     def _weights(self) -> list[Tensor]:
         return [self.params[n] for n in self.names]
 
     def inner(self, a, b):
         """Metric inner product (0-dim)."""
-        ws, k = self._weights(), len(self.names)
-        a, b = self._masked(a[:k]), self._masked(b[:k])
-        return sum(
-            adaptive_inner(w, x, y, ELEMENTWISE_EPS) for w, x, y in zip(ws, a, b, strict=True)
-        )
+        if not self.names:
+            return torch.zeros((), dtype=torch.float64)
+        return (self._flat(a) * self._flat(b) * self._inv).sum()
 
     def gradient(self, g):
         """Riemannian gradient from the Euclidean one."""
-        k = len(self.names)
-        ws = self._weights()
-        return self._masked(
-            [adaptive_gradient(w, x, ELEMENTWISE_EPS) for w, x in zip(ws, g[:k], strict=True)]
-        )
+        return self._split(self._flat(g) * self._scale)
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
@@ -224,16 +238,14 @@ class Geodesic(Adaptive):
 
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
-        k = len(self.names)
-        flat = {
-            n: self.params[n] + x for n, x in zip(self.names, self._masked(xi[:k]), strict=True)
-        }
+        out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
         moves = []
         for blk, x in zip(self.blocks, self._pairs(xi), strict=True):
-            new = geodesic_step(blk, x, self.metric, EPS)
-            moves.append(Pair(new.G - blk.G, new.H - blk.H))
-        disp = self.quotient.scatter(moves)
-        return {n: flat[n] + disp[n] for n in self.names}
+            gamma = christoffel(blk, x, self.metric, EPS)
+            moves.append(Pair(x.G - 0.5 * gamma.G, x.H - 0.5 * gamma.H))
+        for n, d in self.quotient.scatter(moves, touched_only=True).items():
+            out[n] = out[n] + d
+        return out
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
@@ -251,11 +263,11 @@ class Geodesic(Adaptive):
 
 
 def _scale(xi: Tangent, c) -> Tangent:
-    return [c * x for x in xi]
+    return list(torch._foreach_mul(xi, c))
 
 
 def _add(a: Tangent, b: Tangent, c=1.0) -> Tangent:
-    return [x + c * y for x, y in zip(a, b, strict=True)]
+    return list(torch._foreach_add(a, b, alpha=c))
 
 
 def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
