@@ -52,22 +52,16 @@ EXACT = {"geodesic-inv (exact)": "invariant", "geodesic-mix (exact)": "mixed"}
 class ExactDiagonal(Geodesic):
     """Geodesic sharpness with the closed-form geodesics of ``1 x 1`` GL(1) blocks."""
 
-    def point(self, xi):
-        """``(u, v) f(b)`` with ``f = exp`` (invariant) or ``sqrt(1 + 2b)`` (mixed)."""
-        out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
-        moves = []
-        for blk, x in zip(self.blocks, self._pairs(xi), strict=True):
-            if blk.G.shape[-2:] != (1, 1) or blk.H.shape[-2:] != (1, 1):
-                raise ValueError("exact geodesics need 1 x 1 blocks (a diagonal network)")
-            b = 0.5 * (x.G / blk.G + x.H / blk.H)  # horizontal: x = b (u, v)
-            if self.metric == "invariant":
-                f = torch.exp(b)
-            else:
-                f = (1 + 2 * b).clamp_min(1e-30).sqrt()
-            moves.append(Pair(blk.G * (f - 1), blk.H * (f - 1)))
-        for n, d in self.quotient.scatter(moves, touched_only=True).items():
-            out[n] = out[n] + d
-        return out
+    def move(self, block, xi):
+        """``(u, v) (f(b) - 1)`` with ``f = exp`` (invariant) or ``sqrt(1 + 2b)`` (mixed)."""
+        if block.G.shape[-2:] != (1, 1) or block.H.shape[-2:] != (1, 1):
+            raise ValueError("exact geodesics need 1 x 1 blocks (a diagonal network)")
+        b = 0.5 * (xi.G / block.G + xi.H / block.H)  # horizontal: xi = b (u, v)
+        if self.metric == "invariant":
+            f = torch.exp(b)
+        else:
+            f = (1 + 2 * b).clamp_min(1e-30).sqrt()
+        return Pair(block.G * (f - 1), block.H * (f - 1))
 
 
 def exact_sharpness(model, x, y, spec, metric, rho, average, steps=10):

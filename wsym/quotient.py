@@ -293,6 +293,26 @@ class Quotient:
                 src = t.reshape(-1)[dst].long() - 1
                 self._index[p] = (dst.to(params[p].device), src.to(params[p].device))
 
+    def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
+        """One pair per block read from parameter-shaped ``tensors`` (adjoint of :meth:`scatter`).
+
+        ``gather(params)`` returns the blocks themselves; for a gradient with respect
+        to the parameters it returns the gradient with respect to the blocks.
+        """
+        like = next(iter(tensors.values()))
+        total = sum(M.numel() for _, b in self.blocks for M in b)
+        values = torch.zeros(total, dtype=like.dtype, device=like.device)
+        for p, (dst, src) in self._index.items():
+            values[src] = tensors[p].reshape(-1)[dst]
+        out, offset = [], 0
+        for _, b in self.blocks:
+            parts = []
+            for M in b:
+                parts.append(values[offset : offset + M.numel()].reshape(M.shape))
+                offset += M.numel()
+            out.append(Pair(*parts))
+        return out
+
     def scatter(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
         """Write one pair per block (in :attr:`blocks` order) into parameter-shaped tensors.
 

@@ -67,6 +67,7 @@ from wsym.geometry import (
     Gram,
     Pair,
     christoffel,
+    geodesic_step_vjp,
     horizontal,
     inner,
     riemannian_gradient,
@@ -128,6 +129,17 @@ class Perturbation:
     def point(self, xi: Tangent) -> dict[str, Tensor]:
         """Perturbed parameters (straight step ``theta + xi``)."""
         return {n: self.params[n] + x for n, x in zip(self.names, xi, strict=False)}
+
+    def linearize(self, xi: Tangent) -> tuple[dict[str, Tensor], Callable]:
+        """``point(xi)`` (no graph) and the pullback of gradients there to gradients in ``xi``.
+
+        The pullback maps the gradient of a function at ``point(xi)`` (one tensor per
+        parameter, :attr:`names` order) through the transposed Jacobian of
+        :meth:`point` (the identity for a straight step), so the ascent
+        differentiates the network with respect to its parameters only.
+        """
+        with torch.no_grad():
+            return self.point(xi), list
 
     def random(self, gen: torch.Generator) -> Tangent:
         """A random direction (Euclidean Gaussian)."""
@@ -239,13 +251,38 @@ class Geodesic(Adaptive):
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
         out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
-        moves = []
-        for blk, x in zip(self.blocks, self._pairs(xi), strict=True):
-            gamma = christoffel(blk, x, self.metric, EPS)
-            moves.append(Pair(x.G - 0.5 * gamma.G, x.H - 0.5 * gamma.H))
+        moves = [self.move(blk, x) for blk, x in zip(self.blocks, self._pairs(xi), strict=True)]
         for n, d in self.quotient.scatter(moves, touched_only=True).items():
             out[n] = out[n] + d
         return out
+
+    def linearize(self, xi):
+        """``point(xi)`` and its pullback: masked on plain entries, a VJP per block.
+
+        The block VJP is :func:`wsym.geometry.geodesic_step_vjp` (closed form) for the
+        second-order step, autograd through :meth:`move` where a subclass replaces it.
+        """
+        pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
+        with torch.no_grad():
+            return self.point(xi), lambda grads: self._pullback(pairs, grads)
+
+    def _pullback(self, pairs: list[Pair], grads: list[Tensor]) -> Tangent:
+        out = self._masked(grads)
+        pulled = self.quotient.gather(dict(zip(self.names, grads, strict=True)))
+        closed = type(self).move is Geodesic.move
+        for blk, x, g in zip(self.blocks, pairs, pulled, strict=True):
+            if closed:
+                out.extend(geodesic_step_vjp(blk, x, g, self.metric, EPS))
+                continue
+            x = Pair(x.G.requires_grad_(True), x.H.requires_grad_(True))
+            with torch.enable_grad():
+                out.extend(torch.autograd.grad(self.move(blk, x), x, grad_outputs=g))
+        return out
+
+    def move(self, block: Pair, xi: Pair) -> Pair:
+        """Displacement ``gamma_xi(1) - block`` of one block: ``xi - Gamma(xi, xi) / 2``."""
+        gamma = christoffel(block, xi, self.metric, EPS)
+        return Pair(xi.G - 0.5 * gamma.G, xi.H - 0.5 * gamma.H)
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
@@ -277,11 +314,12 @@ def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
 
 def _direction(geom, f, xi) -> tuple[float, Tangent]:
     """Loss at ``xi`` and the unit-norm Riemannian ascent direction there."""
-    xi = [x.detach().requires_grad_(True) for x in xi]
-    value = f(geom.point(xi))
-    grads = torch.autograd.grad(value, xi, allow_unused=True)
-    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads, strict=True)]
-    d = geom.gradient(grads)
+    moved, pullback = geom.linearize(xi)
+    leaves = [moved[n].detach().requires_grad_(True) for n in geom.names]
+    value = f(dict(zip(geom.names, leaves, strict=True)))
+    grads = torch.autograd.grad(value, leaves, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
+    d = geom.gradient(pullback(grads))
     n = float(geom.norm(d))
     d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
     return float(value.detach()), [x.detach() for x in d]
