@@ -184,7 +184,11 @@ class Adaptive(Perturbation):
         den = torch.cat(dens) if dens else torch.zeros(0)
         self._inv = keep / den  # metric weight, 0 on covered entries
         self._scale = keep * den  # Riemannian-gradient factor
-        self._keep = keep
+        # per parameter: None where no entry is covered (nothing to mask), else the mask
+        self._partial = [
+            None if k is None or bool(k.all()) else k.to(self.params[n].dtype)
+            for n, k in self.keep.items()
+        ]
         self._shapes = [self.params[n].shape for n in self.names]
         self._sizes = [self.params[n].numel() for n in self.names]
 
@@ -196,7 +200,7 @@ class Adaptive(Perturbation):
         return [x.reshape(s) for x, s in zip(parts, self._shapes, strict=True)]
 
     def _masked(self, xs):
-        return self._split(self._flat(xs) * self._keep)
+        return [x if k is None else x * k for x, k in zip(xs, self._partial, strict=False)]
 
     def _weights(self) -> list[Tensor]:
         return [self.params[n] for n in self.names]
