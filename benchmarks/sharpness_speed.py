@@ -18,8 +18,13 @@ Models: ``wsym.reference.TinyTransformer()`` (default config) on a float input
 ``{"input_ids": (8, 16)}`` (dict inputs), with a cross-entropy on the first 10
 features of the pooled output against random class targets.
 
+Threads: one by default (``--threads``). These models are tiny, so intra-op
+parallelism only adds synchronization to each small op; on a loaded machine the
+default thread pool made every op (and the geodesic steps, with more small ops,
+most) many times slower and the ratios meaningless.
+
 Run:
-    .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10]
+    .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10] [--threads 1]
 """
 
 import argparse
@@ -108,7 +113,12 @@ def bert():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (0: leave torch's default)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, cpu, threads {torch.get_num_threads()}")
     print(

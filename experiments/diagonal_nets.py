@@ -12,9 +12,22 @@ training loss. For every network the worst-case adaptive, geodesic-invariant and
 geodesic-mixed sharpness (:func:`wsym.sharpness`, same ``rho`` for all) is
 computed, and Kendall's tau of gap vs each measure is printed beside the paper's.
 
+Exact geodesics (``--exact``): on a diagonal network every coordinate ``(u_i, v_i)``
+is a ``1 x 1`` GL(1) block whose horizontal tangents are ``b_i (u_i, v_i)``, and
+the geodesics are known in closed form (invariant ``(u, v) e^{b}``, mixed
+``(u, v) sqrt(1 + 2b)``, the latter ending at ``w_i = 0`` for ``b <= -1/2``).
+The flag adds both measures with these exact geodesics in place of the
+second-order step of :func:`wsym.geometry.geodesic_step`. It shows that the
+mixed measure's second-order step is not a small correction here: the mixed
+ball ``2 sum b_i^2 w_i^2 <= rho^2`` allows ``b_i ~ rho / |w_i|``, huge on the
+near-zero coordinates of a sparse solution, where the truncated step
+``w (1 + b - b^2/2)^2`` grows like ``b^4 w`` (values up to 1e28 at rho 0.05)
+while the exact one, ``w (1 + 2b)``, stays within ``sqrt(2) rho``. The printed
+maxima show it.
+
 Run (a few minutes on CPU; ``--quick`` trains fewer networks)::
 
-    .venv/bin/python experiments/diagonal_nets.py [--json PATH] [--quick]
+    .venv/bin/python experiments/diagonal_nets.py [--json PATH] [--quick] [--exact] [--average]
 """
 
 from __future__ import annotations
@@ -28,9 +41,40 @@ import torch
 from scipy.stats import kendalltau
 
 import wsym
+from wsym.geometry import Pair
+from wsym.sharpness import Geodesic, average_case, worst_case
 
 PAPER = {"adaptive": -0.68, "geodesic-inv": -0.83, "geodesic-mix": -0.86}
 MEASURES = tuple(PAPER)
+EXACT = {"geodesic-inv (exact)": "invariant", "geodesic-mix (exact)": "mixed"}
+
+
+class ExactDiagonal(Geodesic):
+    """Geodesic sharpness with the closed-form geodesics of ``1 x 1`` GL(1) blocks."""
+
+    def move(self, block, xi):
+        """``(u, v) (f(b) - 1)`` with ``f = exp`` (invariant) or ``sqrt(1 + 2b)`` (mixed)."""
+        if block.G.shape[-2:] != (1, 1) or block.H.shape[-2:] != (1, 1):
+            raise ValueError("exact geodesics need 1 x 1 blocks (a diagonal network)")
+        b = 0.5 * (xi.G / block.G + xi.H / block.H)  # horizontal: xi = b (u, v)
+        if self.metric == "invariant":
+            f = torch.exp(b)
+        else:
+            f = (1 + 2 * b).clamp_min(1e-30).sqrt()
+        return Pair(block.G * (f - 1), block.H * (f - 1))
+
+
+def exact_sharpness(model, x, y, spec, metric, rho, average, steps=10):
+    """Worst-case (or average-case) sharpness with :class:`ExactDiagonal` geodesics."""
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    geom = ExactDiagonal(params, spec, metric)
+
+    def f(p):
+        return mse(x @ (p["u"] * p["v"]), y)
+
+    if average:
+        return average_case(geom, [f], [1.0], rho, steps, seed=0)
+    return worst_case(geom, f, rho, steps)
 
 
 class Diagonal(torch.nn.Module):
@@ -63,11 +107,28 @@ def data(n: int, d: int, n_test: int, sparsity: float, seed: int):
     return x, x @ w_star, x_test, x_test @ w_star
 
 
-def train(x, y, alphas, gen, lr: float, tol: float, max_steps: int):
-    """Full-batch GD of all networks at once (one row each); a network stops at ``tol``."""
-    m, d = len(alphas), x.shape[1]
+def init(alphas, d: int, gen, kind: str):
+    """Initial ``(u, v)``, one row per network.
+
+    ``gaussian``: ``alpha * z_u``, ``alpha * z_v`` (a random, nonzero initial predictor
+    ``u * v``). ``zero``: ``u = 2 alpha``, ``v = 0``, the ``u * v`` form of the
+    classic ``w = p^2 - q^2``, ``p0 = q0 = alpha`` initialization (Woodworth et al.
+    2020; ``u = p + q``, ``v = p - q``): the predictor starts at 0 and ``alpha``
+    alone moves the implicit bias from L1 (small) to L2 (large).
+    """
+    m = len(alphas)
+    if kind == "zero":
+        u = 2 * alphas.unsqueeze(1).expand(m, d).clone()
+        return u, torch.zeros_like(u)
     u = alphas.unsqueeze(1) * torch.randn(m, d, generator=gen, dtype=torch.float64)
     v = alphas.unsqueeze(1) * torch.randn(m, d, generator=gen, dtype=torch.float64)
+    return u, v
+
+
+def train(x, y, alphas, gen, lr: float, tol: float, max_steps: int, kind: str = "gaussian"):
+    """Full-batch GD of all networks at once (one row each); a network stops at ``tol``."""
+    m = len(alphas)
+    u, v = init(alphas, x.shape[1], gen, kind)
     active = torch.ones(m, dtype=torch.bool)
     steps = torch.zeros(m, dtype=torch.long)
     for _ in range(max_steps):
@@ -91,7 +152,12 @@ def main(argv=None):
     ap.add_argument("--nets", type=int, default=None)
     ap.add_argument("--rho", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--alpha", type=float, nargs=2, default=(1e-2, 1.0), metavar=("MIN", "MAX"))
+    ap.add_argument("--init", choices=("gaussian", "zero"), default="gaussian")
+    ap.add_argument("--average", action="store_true", help="average-case (20 directions)")
+    ap.add_argument("--exact", action="store_true", help="also exact-geodesic measures")
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # tiny ops: threads only add synchronization
     nets = args.nets or (12 if args.quick else 50)
     n, d, n_test, sparsity, tol = 40, 100, 2000, 0.9, 1e-5
     t0 = time.time()
@@ -99,10 +165,10 @@ def main(argv=None):
     x, y, x_test, y_test = data(n, d, n_test, sparsity, args.seed)
     gen = torch.Generator().manual_seed(args.seed + 1)
     log_alpha = torch.empty(nets, dtype=torch.float64).uniform_(
-        math.log(1e-2), math.log(1.0), generator=gen
+        math.log(args.alpha[0]), math.log(args.alpha[1]), generator=gen
     )
     alphas = log_alpha.exp()
-    u, v, steps = train(x, y, alphas, gen, lr=0.01, tol=tol, max_steps=400_000)
+    u, v, steps = train(x, y, alphas, gen, lr=0.01, tol=tol, max_steps=400_000, kind=args.init)
     w = u * v
     train_loss = ((w @ x.T - y) ** 2).mean(1)
     test_loss = ((w @ x_test.T - y_test) ** 2).mean(1)
@@ -121,31 +187,46 @@ def main(argv=None):
             "gap": float(gap[i]),
             "l1": float(w[i].abs().sum()),
         }
+        n_dirs = 20 if args.average else 10
         for measure in MEASURES:
             row[measure] = wsym.sharpness(
-                model, [(x, y)], mse, spec=spec, measure=measure, rho=args.rho
+                model,
+                [(x, y)],
+                mse,
+                spec=spec,
+                measure=measure,
+                rho=args.rho,
+                average=args.average,
+                steps=n_dirs,
             )
+        for name, metric in EXACT.items() if args.exact else ():
+            row[name] = exact_sharpness(model, x, y, spec, metric, args.rho, args.average, n_dirs)
         rows.append(row)
     t_total = time.time() - t0
 
     taus = {}
-    for measure in MEASURES:
+    for measure in [*MEASURES, *(EXACT if args.exact else ())]:
         tau, p = kendalltau([r["gap"] for r in rows], [r[measure] for r in rows])
-        taus[measure] = {"tau": float(tau), "p": float(p), "paper": PAPER[measure]}
+        paper = PAPER.get(measure.split(" ")[0])
+        top = max(r[measure] for r in rows)
+        taus[measure] = {"tau": float(tau), "p": float(p), "paper": paper, "max": top}
 
     print(spec)
     print(
         f"\n{nets} diagonal nets, n={n}, d={d}, {int(sparsity * 100)}%-sparse w*, "
-        f"alpha log-uniform in [1e-2, 1], rho={args.rho}"
+        f"alpha log-uniform in [{args.alpha[0]:g}, {args.alpha[1]:g}], rho={args.rho}, "
+        + ("average-case" if args.average else "worst-case")
+        + f", {args.init} init"
     )
     print(
         f"train loss max {train_loss.max():.2e} (tol {tol:.0e}); steps "
         f"{int(steps.min())}..{int(steps.max())}; gap {gap.min():.3g}..{gap.max():.3g}"
     )
     print(f"time: training {t_train:.1f}s, total {t_total:.1f}s\n")
-    print(f"{'measure':<14}{'tau(gap, S)':>12}{'p':>10}{'paper':>8}")
+    print(f"{'measure':<22}{'tau(gap, S)':>12}{'p':>10}{'paper':>8}{'max S':>10}")
     for measure, t in taus.items():
-        print(f"{measure:<14}{t['tau']:>12.3f}{t['p']:>10.1e}{t['paper']:>8.2f}")
+        paper = f"{t['paper']:.2f}" if t["paper"] is not None else "-"
+        print(f"{measure:<22}{t['tau']:>12.3f}{t['p']:>10.1e}{paper:>8}{t['max']:>10.2g}")
     if args.json:
         out = {
             "config": {
@@ -157,6 +238,9 @@ def main(argv=None):
                 "nets": nets,
                 "rho": args.rho,
                 "seed": args.seed,
+                "alpha": list(args.alpha),
+                "average": args.average,
+                "init": args.init,
             },
             "kendall": taus,
             "nets": rows,

@@ -274,10 +274,61 @@ class Quotient:
     def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):
         self.spec, self.params = spec, params
         self.blocks = gather(spec, params)
-        ones = [(i, Pair(torch.ones_like(b.G), torch.ones_like(b.H))) for i, b in self.blocks]
-        self.covered = {p: t != 0 for p, t in scatter(spec, ones, params).items()}
+        # number every block entry (1, 2, ... in flattened G, H order) and scatter the
+        # numbers once: afterwards scattering is one index_copy per parameter
+        codes, offset = [], 1
+        for i, b in self.blocks:
+            code = []
+            for M in b:
+                code.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
+                offset += M.numel()
+            codes.append((i, Pair(code[0].reshape(b.G.shape), code[1].reshape(b.H.shape))))
+        like = {p: torch.zeros(t.shape, dtype=torch.float64) for p, t in params.items()}
+        placed = scatter(spec, codes, like)
+        self.covered = {p: (t != 0).to(params[p].device) for p, t in placed.items()}
+        self._index: dict[str, tuple[Tensor, Tensor]] = {}
+        for p, t in placed.items():
+            dst = t.reshape(-1).nonzero().squeeze(1)
+            if len(dst):
+                src = t.reshape(-1)[dst].long() - 1
+                self._index[p] = (dst.to(params[p].device), src.to(params[p].device))
 
-    def scatter(self, tangents: list[Pair]) -> dict[str, Tensor]:
-        """Write one pair per block (in :attr:`blocks` order) into parameter-shaped tensors."""
-        pairs = [(i, t) for (i, _), t in zip(self.blocks, tangents, strict=True)]
-        return scatter(self.spec, pairs, self.params)
+    def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
+        """One pair per block read from parameter-shaped ``tensors`` (adjoint of :meth:`scatter`).
+
+        ``gather(params)`` returns the blocks themselves; for a gradient with respect
+        to the parameters it returns the gradient with respect to the blocks.
+        """
+        like = next(iter(tensors.values()))
+        total = sum(M.numel() for _, b in self.blocks for M in b)
+        values = torch.zeros(total, dtype=like.dtype, device=like.device)
+        for p, (dst, src) in self._index.items():
+            values[src] = tensors[p].reshape(-1)[dst]
+        out, offset = [], 0
+        for _, b in self.blocks:
+            parts = []
+            for M in b:
+                parts.append(values[offset : offset + M.numel()].reshape(M.shape))
+                offset += M.numel()
+            out.append(Pair(*parts))
+        return out
+
+    def scatter(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
+        """Write one pair per block (in :attr:`blocks` order) into parameter-shaped tensors.
+
+        Differentiable in ``tangents``. With ``touched_only`` the parameters that no
+        block covers (all zero) are left out of the result.
+        """
+        if len(tangents) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
+        flat = [M.reshape(-1) for t in tangents for M in t]
+        values = torch.cat(flat) if flat else None
+        out = {}
+        for p, t in self.params.items():
+            if p in self._index:
+                dst, src = self._index[p]
+                zero = torch.zeros(t.numel(), dtype=values.dtype, device=values.device)
+                out[p] = zero.index_copy(0, dst, values[src]).reshape(t.shape)
+            elif not touched_only:
+                out[p] = torch.zeros_like(t)
+        return out

@@ -66,13 +66,13 @@ from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.geometry import (
     Gram,
     Pair,
-    adaptive_gradient,
-    adaptive_inner,
-    geodesic_step,
+    christoffel,
+    geodesic_step_vjp,
     horizontal,
     inner,
     riemannian_gradient,
 )
+from wsym.geometry.metrics import _elementwise_shift
 from wsym.graph.trace import eval_mode
 from wsym.quotient import Quotient
 from wsym.spec import SymmetrySpec
@@ -130,6 +130,17 @@ class Perturbation:
         """Perturbed parameters (straight step ``theta + xi``)."""
         return {n: self.params[n] + x for n, x in zip(self.names, xi, strict=False)}
 
+    def linearize(self, xi: Tangent) -> tuple[dict[str, Tensor], Callable]:
+        """``point(xi)`` (no graph) and the pullback of gradients there to gradients in ``xi``.
+
+        The pullback maps the gradient of a function at ``point(xi)`` (one tensor per
+        parameter, :attr:`names` order) through the transposed Jacobian of
+        :meth:`point` (the identity for a straight step), so the ascent
+        differentiates the network with respect to its parameters only.
+        """
+        with torch.no_grad():
+            return self.point(xi), list
+
     def random(self, gen: torch.Generator) -> Tangent:
         """A random direction (Euclidean Gaussian)."""
         return [_randn(t, gen) for t in self.coordinates()]
@@ -153,37 +164,56 @@ class Euclidean(Perturbation):
 
 
 class Adaptive(Perturbation):
-    """Elementwise adaptive metric ``||xi / |w| ||_2`` (ASAM); ``mask`` zeroes covered entries."""
+    """Elementwise adaptive metric ``||xi / |w| ||_2`` (ASAM); ``mask`` zeroes covered entries.
+
+    The metric weights ``w^2 + s`` (:func:`wsym.geometry.adaptive_inner`) are computed
+    once at the base point and the tangent is handled as one flat vector where that
+    saves per-tensor work.
+    """
 
     def __init__(self, params, mask: dict[str, Tensor] | None = None):
         super().__init__(params)
         self.keep = {n: ~mask[n] if mask else None for n in self.names}
+        dens, keeps = [], []
+        for n in self.names:
+            w = self.params[n]
+            dens.append((w * w + _elementwise_shift(w, ELEMENTWISE_EPS)).reshape(-1))
+            k = self.keep[n]
+            keeps.append(torch.ones_like(dens[-1]) if k is None else k.reshape(-1).to(w.dtype))
+        keep = torch.cat(keeps) if keeps else torch.zeros(0)
+        den = torch.cat(dens) if dens else torch.zeros(0)
+        self._inv = keep / den  # metric weight, 0 on covered entries
+        self._scale = keep * den  # Riemannian-gradient factor
+        # per parameter: None where no entry is covered (nothing to mask), else the mask
+        self._partial = [
+            None if k is None or bool(k.all()) else k.to(self.params[n].dtype)
+            for n, k in self.keep.items()
+        ]
+        self._shapes = [self.params[n].shape for n in self.names]
+        self._sizes = [self.params[n].numel() for n in self.names]
+
+    def _flat(self, xs) -> Tensor:
+        return torch.cat([x.reshape(-1) for x in xs[: len(self.names)]])
+
+    def _split(self, flat: Tensor) -> list[Tensor]:
+        parts = flat.split(self._sizes)
+        return [x.reshape(s) for x, s in zip(parts, self._shapes, strict=True)]
 
     def _masked(self, xs):
-        out = list(xs)
-        for i, n in enumerate(self.names):
-            if self.keep[n] is not None:
-                out[i] = out[i] * self.keep[n]
-        return out
+        return [x if k is None else x * k for x, k in zip(xs, self._partial, strict=False)]
 
     def _weights(self) -> list[Tensor]:
         return [self.params[n] for n in self.names]
 
     def inner(self, a, b):
         """Metric inner product (0-dim)."""
-        ws, k = self._weights(), len(self.names)
-        a, b = self._masked(a[:k]), self._masked(b[:k])
-        return sum(
-            adaptive_inner(w, x, y, ELEMENTWISE_EPS) for w, x, y in zip(ws, a, b, strict=True)
-        )
+        if not self.names:
+            return torch.zeros((), dtype=torch.float64)
+        return (self._flat(a) * self._flat(b) * self._inv).sum()
 
     def gradient(self, g):
         """Riemannian gradient from the Euclidean one."""
-        k = len(self.names)
-        ws = self._weights()
-        return self._masked(
-            [adaptive_gradient(w, x, ELEMENTWISE_EPS) for w, x in zip(ws, g[:k], strict=True)]
-        )
+        return self._split(self._flat(g) * self._scale)
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
@@ -224,16 +254,39 @@ class Geodesic(Adaptive):
 
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
-        k = len(self.names)
-        flat = {
-            n: self.params[n] + x for n, x in zip(self.names, self._masked(xi[:k]), strict=True)
-        }
-        moves = []
-        for blk, x in zip(self.blocks, self._pairs(xi), strict=True):
-            new = geodesic_step(blk, x, self.metric, EPS)
-            moves.append(Pair(new.G - blk.G, new.H - blk.H))
-        disp = self.quotient.scatter(moves)
-        return {n: flat[n] + disp[n] for n in self.names}
+        out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
+        moves = [self.move(blk, x) for blk, x in zip(self.blocks, self._pairs(xi), strict=True)]
+        for n, d in self.quotient.scatter(moves, touched_only=True).items():
+            out[n] = out[n] + d
+        return out
+
+    def linearize(self, xi):
+        """``point(xi)`` and its pullback: masked on plain entries, a VJP per block.
+
+        The block VJP is :func:`wsym.geometry.geodesic_step_vjp` (closed form) for the
+        second-order step, autograd through :meth:`move` where a subclass replaces it.
+        """
+        pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
+        with torch.no_grad():
+            return self.point(xi), lambda grads: self._pullback(pairs, grads)
+
+    def _pullback(self, pairs: list[Pair], grads: list[Tensor]) -> Tangent:
+        out = self._masked(grads)
+        pulled = self.quotient.gather(dict(zip(self.names, grads, strict=True)))
+        closed = type(self).move is Geodesic.move
+        for blk, x, g in zip(self.blocks, pairs, pulled, strict=True):
+            if closed:
+                out.extend(geodesic_step_vjp(blk, x, g, self.metric, EPS))
+                continue
+            x = Pair(x.G.requires_grad_(True), x.H.requires_grad_(True))
+            with torch.enable_grad():
+                out.extend(torch.autograd.grad(self.move(blk, x), x, grad_outputs=g))
+        return out
+
+    def move(self, block: Pair, xi: Pair) -> Pair:
+        """Displacement ``gamma_xi(1) - block`` of one block: ``xi - Gamma(xi, xi) / 2``."""
+        gamma = christoffel(block, xi, self.metric, EPS)
+        return Pair(xi.G - 0.5 * gamma.G, xi.H - 0.5 * gamma.H)
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
@@ -251,11 +304,11 @@ class Geodesic(Adaptive):
 
 
 def _scale(xi: Tangent, c) -> Tangent:
-    return [c * x for x in xi]
+    return list(torch._foreach_mul(xi, c))
 
 
 def _add(a: Tangent, b: Tangent, c=1.0) -> Tangent:
-    return [x + c * y for x, y in zip(a, b, strict=True)]
+    return list(torch._foreach_add(a, b, alpha=c))
 
 
 def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
@@ -265,11 +318,12 @@ def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
 
 def _direction(geom, f, xi) -> tuple[float, Tangent]:
     """Loss at ``xi`` and the unit-norm Riemannian ascent direction there."""
-    xi = [x.detach().requires_grad_(True) for x in xi]
-    value = f(geom.point(xi))
-    grads = torch.autograd.grad(value, xi, allow_unused=True)
-    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, grads, strict=True)]
-    d = geom.gradient(grads)
+    moved, pullback = geom.linearize(xi)
+    leaves = [moved[n].detach().requires_grad_(True) for n in geom.names]
+    value = f(dict(zip(geom.names, leaves, strict=True)))
+    grads = torch.autograd.grad(value, leaves, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
+    d = geom.gradient(pullback(grads))
     n = float(geom.norm(d))
     d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
     return float(value.detach()), [x.detach() for x in d]

@@ -138,7 +138,7 @@ class Gram:
             _GRAMS[ident] = (weakref.ref(M, lambda _: _GRAMS.pop(ident, None)), key, gram)
         return gram
 
-    @property
+    @cached_property
     def matrix(self) -> Tensor:
         """``P = M^T M + s I``."""
         eye = torch.eye(self.raw.shape[-1], dtype=self.raw.dtype, device=self.raw.device)
@@ -164,5 +164,26 @@ class Gram:
 
     def eigh(self) -> tuple[Tensor, Tensor]:
         """Eigenvalues ``p`` (of ``M^T M``, clamped at 0) and orthonormal eigenvectors ``U``."""
+        return self._eigh
+
+    @cached_property
+    def _eigh(self) -> tuple[Tensor, Tensor]:
         p, U = torch.linalg.eigh(self.raw)
         return p.clamp_min(0), U
+
+    def memo(self, other: Tensor, name: str, compute):
+        """``compute()``, remembered on this Gram matrix per (``name``, other factor ``other``).
+
+        For quantities of a block that depend on both factors (the invariant metric's
+        joint eigenbases): computed once per base point, like the Gram matrix itself.
+        Not remembered when ``other`` carries an autograd graph.
+        """
+        if other.requires_grad:
+            return compute()
+        memo = self.__dict__.setdefault("_memo", {})
+        hit = memo.get((name, id(other)))
+        if hit is not None and hit[0]() is other and hit[1] == other._version:
+            return hit[2]
+        value = compute()
+        memo[(name, id(other))] = (weakref.ref(other), other._version, value)
+        return value

@@ -63,8 +63,8 @@ def _lambda_mixed(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, eps: float) -> T
     return U @ _pinv_divide(C, den) @ V.mT
 
 
-def _lambda_invariant(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, eps: float) -> Tensor:
-    P, Q = Gram.of(G, eps), Gram.of(H, eps)
+def _invariant_basis(P: Gram, Q: Gram) -> tuple[Tensor, ...]:
+    """Base-point factors of the invariant Sylvester solve (they do not depend on ``xi``)."""
     (p, U), (q, V) = P.eigh(), Q.eigh()
     pe, qe = p + P.shift[..., None], q + Q.shift[..., None]
     P_half, P_mhalf = _sym_power(pe, U, 0.5), _sym_power(pe, U, -0.5)
@@ -74,11 +74,17 @@ def _lambda_invariant(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, eps: float) 
     S2 = Q_half @ P.raw @ Q_half
     d1, W1 = torch.linalg.eigh((S1 + S1.mT) / 2)
     d2, W2 = torch.linalg.eigh((S2 + S2.mT) / 2)
-    # P^{-1/2} B Q^{-1/2} with B = P H^T xi_H - xi_G^T G Q, written without cancelling powers
-    rhs = P_half @ H.mT @ xH @ Q_mhalf - P_mhalf @ xG.mT @ G @ Q_half
-    C = W1.mT @ rhs @ W2
-    Y = _pinv_divide(C, d1.clamp_min(0)[..., :, None] + d2.clamp_min(0)[..., None, :])
-    X = P_half @ W1 @ Y @ W2.mT @ Q_half
+    den = d1.clamp_min(0)[..., :, None] + d2.clamp_min(0)[..., None, :]
+    return P_half @ W1, P_mhalf @ W1, Q_half @ W2, Q_mhalf @ W2, den
+
+
+def _lambda_invariant(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, eps: float) -> Tensor:
+    P, Q = Gram.of(G, eps), Gram.of(H, eps)
+    PW, PmW, QW, QmW, den = P.memo(H, "invariant", lambda: _invariant_basis(P, Q))
+    # W1^T P^{-1/2} B Q^{-1/2} W2 with B = P H^T xi_H - xi_G^T G Q (no cancelled powers)
+    C = PW.mT @ (H.mT @ xH) @ QmW - PmW.mT @ (xG.mT @ G) @ QW
+    Y = _pinv_divide(C, den)
+    X = PW @ Y @ QW.mT
     return X.mT
 
 
