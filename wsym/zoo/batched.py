@@ -231,7 +231,8 @@ class _GroupTrainer:
             if not self.grad_buffers or len(self.grad_buffers[0]) != m:
                 self.grad_buffers = [torch.empty_like(p) for p in params]
             grads = stacked_mlp.loss_gradients(params, x, y, masks, self.mlp, self.grad_buffers)
-            optim.step(self.params, dict(zip(self.params, grads, strict=True)), self.opt_state, self.hyper)
+            named = dict(zip(self.params, grads, strict=True))
+            optim.step(self.params, named, self.opt_state, self.hyper)
             return
         x = self.data.x_train[idx]
         # differentiate w.r.t. leaf views of ``flat`` (not ``flat`` itself, whose slice
