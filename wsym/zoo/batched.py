@@ -416,7 +416,6 @@ class _Dropout:
         with torch.no_grad():
             base(x[:batch])  # records each site's output shape
         self._probe = False
-        self.ones = {site: torch.ones(BLOCK, *shape) for site, shape in self.shapes.items()}
 
     def _hook(self, site: str):
         def hook(module, inputs, output):
@@ -430,16 +429,25 @@ class _Dropout:
         return hook
 
     def next_block(self, rows: list[int]) -> dict[str, torch.Tensor]:
-        """Masks ``(M, BLOCK, B, ...)`` of members ``rows`` for the next steps (``{}``: none)."""
+        """Masks ``(M, BLOCK, B, ...)`` of members ``rows`` for the next steps (``{}``: none).
+
+        Member ``r`` keeps a unit where its uniform draw is ``>= p_r`` and scales
+        it by ``1 / (1 - p_r)``; members with ``p_r = 0`` draw nothing (all ones).
+        """
+        rates = [self.rates[r] for r in rows]
+        if not self.shapes or not any(rates):
+            return {}
+        rate = torch.tensor(rates)
+        scale = 1.0 / (1.0 - rate)
         out = {}
         for site, shape in self.shapes.items():
-            per_member = []
-            for r in rows:
-                p = self.rates[r]
+            draws = torch.empty(len(rows), BLOCK, *shape)
+            for slot, r, p in zip(draws, rows, rates, strict=True):
                 if p == 0:
-                    per_member.append(self.ones[site])
+                    slot.fill_(1.0)
                 else:
-                    keep = torch.rand((BLOCK, *shape), generator=self.gens[r]) >= p
-                    per_member.append(keep.float() / (1 - p))
-            out[site] = torch.stack(per_member)
+                    slot.uniform_(generator=self.gens[r])
+            per_member = (-1, *(1,) * (draws.dim() - 1))
+            torch.ge(draws, rate.view(per_member), out=draws)  # 1.0 where kept, else 0.0
+            out[site] = draws.mul_(scale.view(per_member))
         return out

@@ -9,7 +9,8 @@ carrying a trailing column of ones, ``h_aug (M, B, in_l + 1)``,
 * forward: ``z_l = h_aug A_l^T`` ``(M, B, out_l)`` (one ``bmm``),
   ``h_{l+1} = act(z_l) * mask_l`` (inverted dropout mask, or none);
 * loss: mean softmax cross-entropy per member, summed over members, so
-  ``dL/dz_L = (softmax(z_L) - onehot(y)) / B``;
+  ``dL/dz_L = (softmax(z_L) - onehot(y)) / B`` (computed on ``z_L^T``
+  ``(M, C, B)``: a softmax over a middle axis is far faster than over a short last one);
 * backward: ``dL/dA_l = dz_l^T h_aug`` (one ``bmm``: weight and bias gradient
   at once), ``dL/dh_l = dz_l A_l[:, :, :in_l]`` and
   ``dz_{l-1} = act'(z_{l-1}) * mask_{l-1} * dL/dh_l``.
@@ -173,12 +174,10 @@ def loss_gradients(
     inputs = [x]  # h_aug of each layer
     saved = []  # what each hidden layer's backward needs
     h = x
-    for i, a in enumerate(params):
+    last = len(params) - 1
+    for i, a in enumerate(params[:-1]):
         z = torch.bmm(h, a.transpose(1, 2))
         act = spec.activations[i]
-        if act is None:
-            h = z
-            break
         h = z.new_empty(m, b, z.shape[-1] + 1)
         h[..., -1] = 1.0
         body = h[..., :-1]
@@ -191,26 +190,27 @@ def loss_gradients(
             body.mul_(mask)
         saved.append((z, body, mask))
         inputs.append(h)
-    dz = torch.softmax(h, dim=-1)
-    dz.scatter_add_(2, y.unsqueeze(2), dz.new_full((m, b, 1), -1.0))
-    dz.mul_(1.0 / b)
+    # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
+    # than over a short last axis
+    dz_t = torch.softmax(torch.bmm(params[last], h.transpose(1, 2)), dim=1)
+    dz_t.scatter_add_(1, y.unsqueeze(1), dz_t.new_full((m, 1, b), -1.0))
+    dz_t.mul_(1.0 / b)
     grads: list[torch.Tensor] = [torch.empty(0)] * len(params)
-    for i in range(len(params) - 1, -1, -1):
+    for i in range(last, -1, -1):
         target = out[i] if out is not None else None
-        grads[i] = torch.bmm(dz.transpose(1, 2), inputs[i], out=target)
+        grads[i] = torch.bmm(dz_t, inputs[i], out=target)
         if i == 0:
             break
-        dh = torch.bmm(dz, params[i])[..., :-1]
+        dh = torch.bmm(dz_t.transpose(1, 2), params[i])[..., :-1]
         z, body, mask = saved[i - 1]
         act = spec.activations[i - 1]
         if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
             dz = _aten.threshold_backward(dh, body, 0.0)
             if mask is not None:
                 dz.mul_(mask)
-            continue
-        if mask is not None:
-            dh = dh * mask
-        dz = _activation_backward(act, dh, z)
+        else:
+            dz = _activation_backward(act, dh if mask is None else dh * mask, z)
+        dz_t = dz.transpose(1, 2)
     return grads
 
 
