@@ -152,14 +152,15 @@ class _GroupTrainer:
         self.mlp = stacked_mlp.mlp_spec(self.base, sites)
         if self.mlp is not None:
             packed = stacked_mlp.pack(params, self.mlp)
-            self.params = {f"layer{i}": a for i, a in enumerate(packed)}
+            self.stack = optim.FlatStack({f"layer{i}": a for i, a in enumerate(packed)})
+            self.params = self.stack.views("param")
             self.x_aug = stacked_mlp.with_ones(data.x_train)
-            self.grad_buffers: list[torch.Tensor] = []
         else:
             flat = torch.cat([v.reshape(len(members), -1) for v in params.values()], 1)
             self.params = {"flat": flat}
         self.buffers = {k: v.clone() for k, v in buffers.items()}
-        self.opt_state = optim.init_state(self.params)
+        self.opt_state = self.stack.state() if self.mlp else optim.init_state(self.params)
+        self.plan: optim.Plan | None = None
         self.hyper = optim.Hyper(
             torch.tensor([float(h["lr"]) for h in hp]),
             torch.tensor([float(h["weight_decay"]) for h in hp]),
@@ -227,12 +228,12 @@ class _GroupTrainer:
         if self.mlp is not None and not self.regression:
             m, b = idx.shape
             x = self.x_aug.index_select(0, idx.reshape(-1)).view(m, b, -1)
+            if self.plan is None:  # the stack changed
+                self.plan = self.stack.plan(self.hyper)
+                self.grad_views = list(self.stack.views("grad").values())
             params = list(self.params.values())
-            if not self.grad_buffers or len(self.grad_buffers[0]) != m:
-                self.grad_buffers = [torch.empty_like(p) for p in params]
-            grads = stacked_mlp.loss_gradients(params, x, y, masks, self.mlp, self.grad_buffers)
-            named = dict(zip(self.params, grads, strict=True))
-            optim.step(self.params, named, self.opt_state, self.hyper)
+            stacked_mlp.loss_gradients(params, x, y, masks, self.mlp, self.grad_views)
+            self.plan.step()
             return
         x = self.data.x_train[idx]
         # differentiate w.r.t. leaf views of ``flat`` (not ``flat`` itself, whose slice
@@ -257,7 +258,9 @@ class _GroupTrainer:
             return
         done = self.total[self.rows] <= self.step
         if not bool(done.any()):
+            self.next_exit = int(self.total[self.rows].min())
             return
+        self.plan = None
         state = self._state()
         for pos in torch.nonzero(done).flatten().tolist():
             row = int(self.rows[pos])
@@ -265,9 +268,13 @@ class _GroupTrainer:
         keep = torch.nonzero(~done).flatten()
         self.rows = self.rows[keep]
         self.next_exit = int(self.total[self.rows].min()) if len(self.rows) else 0
-        self.params = {k: v[keep] for k, v in self.params.items()}
+        if self.mlp is not None:
+            self.stack = self.stack.select(keep)
+            self.params, self.opt_state = self.stack.views("param"), self.stack.state()
+        else:
+            self.params = {k: v[keep] for k, v in self.params.items()}
+            self.opt_state = optim.select_state(self.opt_state, keep)
         self.buffers = {k: v[keep] for k, v in self.buffers.items()}
-        self.opt_state = optim.select_state(self.opt_state, keep)
         self.hyper = self.hyper.select(keep)
         self.targets = self.targets[keep]
         if self.block is not None:

@@ -78,51 +78,90 @@ def step(
 ) -> None:
     """One optimizer step of every member, in place on ``params`` and ``state``.
 
-    Each member
-    is updated by its own rule only: with the members ordered SGD first
-    (``hyper.n_sgd``), both rules run on contiguous row ranges with
-    ``torch._foreach`` kernels; otherwise the rows are permuted into that order
-    and back.
+    Each member is updated by its own rule only: with the members ordered SGD
+    first (``hyper.n_sgd``), each rule runs on its contiguous block of rows
+    (:class:`Plan`); otherwise the rows are permuted into that order and back.
     """
-    state["step"] += 1
-    t = float(state["step"])
     if hyper.n_sgd is None:
-        _step_unordered(params, grads, state, hyper, t)
+        _step_unordered(params, grads, state, hyper)
     else:
-        _step_ordered(params, grads, state, hyper, t)
+        Plan(params, grads, state, hyper).step()
 
 
-def _step_ordered(params, grads, state, hyper, t) -> None:
-    k, total, names = hyper.n_sgd, len(hyper.lr), list(params)
-    for rows, rule in ((slice(0, k), _sgd), (slice(k, total), _adam)):
-        if rows.start == rows.stop:
-            continue
-        rule(
-            [params[n][rows] for n in names],
-            [grads[n][rows] for n in names],
-            {s: [state[f"{s}:{n}"][rows] for n in names] for s in "bmv"},
-            hyper.lr[rows],
-            hyper.weight_decay[rows],
-            t,
-        )
+class Plan:
+    """:func:`step` for a fixed stack, its row blocks and per-member views cut once.
+
+    ``grads`` are the tensors the gradients will be written into (in place)
+    before each :meth:`step`; the plan holds views of them, of ``params`` and
+    of ``state``, so a step is only the update kernels (``torch._foreach``,
+    one call per kernel for all parameters). Build a new plan whenever the
+    stack changes. Members must be ordered SGD first (``hyper.n_sgd``).
+    With ``whole`` (the 1-D buffers of a :class:`FlatStack`), a rule that all
+    members use runs on one tensor, with per-element learning rates and weight
+    decays: the fewest kernels, which matters once few members are left.
+    """
+
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        grads: dict[str, torch.Tensor],
+        state: dict[str, torch.Tensor],
+        hyper: Hyper,
+        whole: dict[str, torch.Tensor] | None = None,
+    ):
+        if hyper.n_sgd is None:
+            raise ValueError("optim.Plan needs the members ordered SGD first, then Adam")
+        k, total, names = hyper.n_sgd, len(hyper.lr), list(params)
+        self.state, self.blocks = state, []
+        for rows, rule in ((slice(0, k), _sgd), (slice(k, total), _adam)):
+            if rows.start == rows.stop:
+                continue
+            if whole is not None and rows.stop - rows.start == total:  # one rule: one tensor
+                sizes = [params[n][0].numel() for n in names]
+                lr, wd = (
+                    torch.cat([h.view(-1, 1).expand(-1, n).reshape(-1) for n in sizes])
+                    for h in (hyper.lr, hyper.weight_decay)
+                )
+                slots = {s: [whole[s]] for s in "bmv"}
+                self.blocks.append((rule, [whole["param"]], [whole["grad"]], slots, [-lr], [wd]))
+                continue
+            p = [params[n][rows] for n in names]
+            self.blocks.append(
+                (
+                    rule,
+                    p,
+                    [grads[n][rows] for n in names],
+                    {s: [state[f"{s}:{n}"][rows] for n in names] for s in "bmv"},
+                    _per_member(-hyper.lr[rows], p),
+                    _per_member(hyper.weight_decay[rows], p),
+                )
+            )
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One step of every member, with the gradients now in the plan's ``grads``."""
+        self.state["step"] += 1
+        t = float(self.state["step"])
+        for rule, p, g, slots, neg_lr, wd in self.blocks:
+            rule(p, g, slots, neg_lr, wd, t)
 
 
 def _per_member(values: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return [values.view(-1, *(1,) * (p.dim() - 1)) for p in like]
 
 
-def _sgd(p, g, state, lr, wd, t) -> None:
+def _sgd(p, g, state, neg_lr, wd, t) -> None:
     """SGD: ``g <- g + wd p``, ``b <- mu b + g``, ``p <- p - lr b`` (``b`` starts at 0)."""
-    g = torch._foreach_addcmul(g, p, _per_member(wd, p))
+    g = torch._foreach_addcmul(g, p, wd)
     b = state["b"]
     torch._foreach_mul_(b, MOMENTUM)
     torch._foreach_add_(b, g)
-    torch._foreach_addcmul_(p, b, _per_member(-lr, p))
+    torch._foreach_addcmul_(p, b, neg_lr)
 
 
-def _adam(p, g, state, lr, wd, t) -> None:
+def _adam(p, g, state, neg_lr, wd, t) -> None:
     """``torch.optim.Adam``'s update, per-member ``lr`` and coupled weight decay ``wd``."""
-    g = torch._foreach_addcmul(g, p, _per_member(wd, p))
+    g = torch._foreach_addcmul(g, p, wd)
     m, v = state["m"], state["v"]
     torch._foreach_lerp_(m, g, 1 - BETA1)
     torch._foreach_mul_(v, BETA2)
@@ -131,21 +170,79 @@ def _adam(p, g, state, lr, wd, t) -> None:
     torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
     torch._foreach_add_(denom, EPS)
     direction = torch._foreach_div(m, denom)
-    torch._foreach_addcmul_(p, direction, _per_member(-lr / (1 - BETA1**t), p))
+    torch._foreach_addcmul_(p, direction, neg_lr, value=1 / (1 - BETA1**t))
 
 
-def _step_unordered(params, grads, state, hyper, t) -> None:
+def _step_unordered(params, grads, state, hyper) -> None:
     """:func:`step` for members in any order: permute SGD first, update, permute back."""
     order = torch.argsort(hyper.is_adam.to(torch.int8), stable=True)
     ordered = hyper.select(order)
     state_sorted = {k: v[order] for k, v in state.items() if k != "step"}
     params_sorted = {k: v[order] for k, v in params.items()}
     grads_sorted = {k: v[order] for k, v in grads.items()}
-    _step_ordered(params_sorted, grads_sorted, state_sorted, ordered, t)
+    state_sorted["step"] = state["step"]  # the same tensor: the plan's step counts here
+    Plan(params_sorted, grads_sorted, state_sorted, ordered).step()
     for k, v in params_sorted.items():
         params[k][order] = v
     for k, v in state_sorted.items():
-        state[k][order] = v
+        if k != "step":
+            state[k][order] = v
+
+
+class FlatStack:
+    """Parameters, gradients and optimizer state of a stack, one 1-D buffer each.
+
+    Each buffer (``param``, ``grad`` and the slots ``b``, ``m``, ``v``) holds
+    every parameter of every member, parameter by parameter (``(M, ...)``
+    blocks one after another), so each parameter is a contiguous view
+    (:meth:`views`) and an update over everything is one kernel.
+
+    Example:
+        >>> stack = FlatStack({"w": torch.ones(2, 3), "b": torch.zeros(2)})
+        >>> stack.views("param")["w"].shape, stack.buffers["param"].shape
+        (torch.Size([2, 3]), torch.Size([8]))
+        >>> stack.select(torch.tensor([1])).views("param")["b"].shape
+        torch.Size([1])
+    """
+
+    KINDS = ("param", "grad", "b", "m", "v")
+
+    def __init__(self, params: dict[str, torch.Tensor], buffers=None, step=None):
+        self.shapes = {k: v.shape for k, v in params.items()}
+        if buffers is None:
+            flat = torch.cat([v.reshape(-1) for v in params.values()])
+            buffers = {k: flat if k == "param" else torch.zeros_like(flat) for k in self.KINDS}
+        self.buffers = buffers
+        self.step = torch.zeros(()) if step is None else step
+
+    def views(self, kind: str) -> dict[str, torch.Tensor]:
+        """Per-parameter views ``(M, ...)`` of buffer ``kind``."""
+        views, start, flat = {}, 0, self.buffers[kind]
+        for name, shape in self.shapes.items():
+            size = shape.numel()
+            views[name] = flat[start : start + size].view(shape)
+            start += size
+        return views
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The optimizer state in :func:`init_state`'s form (views of the buffers)."""
+        state = {"step": self.step}
+        for slot in "bmv":
+            state.update({f"{slot}:{k}": v for k, v in self.views(slot).items()})
+        return state
+
+    def plan(self, hyper: Hyper) -> Plan:
+        """A :class:`Plan` of this stack (gradients to be written into ``views("grad")``)."""
+        return Plan(self.views("param"), self.views("grad"), self.state(), hyper, self.buffers)
+
+    def select(self, rows: torch.Tensor) -> FlatStack:
+        """The stack of members ``rows`` only (new buffers)."""
+        buffers = {
+            kind: torch.cat([v[rows].reshape(-1) for v in self.views(kind).values()])
+            for kind in self.KINDS
+        }
+        params = {k: v[rows] for k, v in self.views("param").items()}
+        return FlatStack(params, buffers, self.step)
 
 
 def select_state(state: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
