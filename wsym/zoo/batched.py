@@ -231,8 +231,11 @@ class _GroupTrainer:
             if self.plan is None:  # the stack changed
                 self.plan = self.stack.plan(self.hyper)
                 self.grad_views = list(self.stack.views("grad").values())
+                self.workspace: dict = {}
             params = list(self.params.values())
-            stacked_mlp.loss_gradients(params, x, y, masks, self.mlp, self.grad_views)
+            stacked_mlp.loss_gradients(
+                params, x, y, masks, self.mlp, self.grad_views, self.workspace
+            )
             self.plan.step()
             return
         x = self.data.x_train[idx]

@@ -155,6 +155,7 @@ def loss_gradients(
     masks: dict[str, torch.Tensor],
     spec: MLPSpec,
     out: list[torch.Tensor] | None = None,
+    workspace: dict | None = None,
 ) -> list[torch.Tensor]:
     """Gradients of ``sum_m mean_b CE(f_m(x_mb), y_mb)`` w.r.t. the augmented layers.
 
@@ -166,6 +167,8 @@ def loss_gradients(
             missing from ``masks`` is not dropped.
         spec: the MLP (:func:`mlp_spec`).
         out: tensors shaped like ``params`` to write the gradients into, or ``None``.
+        workspace: a dict kept by the caller between calls with the same shapes;
+            it caches the activation buffers (their columns of ones) across calls.
 
     Returns:
         ``dL/dA_l``, shaped like ``params`` (``out`` when given).
@@ -178,8 +181,7 @@ def loss_gradients(
     for i, a in enumerate(params[:-1]):
         z = torch.bmm(h, a.transpose(1, 2))
         act = spec.activations[i]
-        h = z.new_empty(m, b, z.shape[-1] + 1)
-        h[..., -1] = 1.0
+        h = _cached(workspace, ("h", i, m, b), lambda z=z: with_ones(z))
         body = h[..., :-1]
         if act == "relu":
             torch.clamp_min(z, 0.0, out=body)
@@ -193,7 +195,8 @@ def loss_gradients(
     # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
     # than over a short last axis
     dz_t = torch.softmax(torch.bmm(params[last], h.transpose(1, 2)), dim=1)
-    dz_t.scatter_add_(1, y.unsqueeze(1), dz_t.new_full((m, 1, b), -1.0))
+    minus_one = _cached(workspace, ("y", m, b), lambda: h.new_full((m, 1, b), -1.0))
+    dz_t.scatter_add_(1, y.unsqueeze(1), minus_one)
     dz_t.mul_(1.0 / b)
     grads: list[torch.Tensor] = [torch.empty(0)] * len(params)
     for i in range(last, -1, -1):
@@ -212,6 +215,14 @@ def loss_gradients(
             dz = _activation_backward(act, dh if mask is None else dh * mask, z)
         dz_t = dz.transpose(1, 2)
     return grads
+
+
+def _cached(workspace: dict | None, key: tuple, make) -> torch.Tensor:
+    if workspace is None:
+        return make()
+    if key not in workspace:
+        workspace[key] = make()
+    return workspace[key]
 
 
 def _activation_backward(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
