@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 MOMENTUM, BETA1, BETA2, EPS = 0.9, 0.9, 0.999, 1e-8
+#: Up to this many parameters (all members), a stack mixing SGD and Adam members computes
+#: both rules on one tensor (fewer kernels) rather than each on its own rows.
+SMALL_STACK = 2**16
 
 
 @dataclass
@@ -113,17 +116,22 @@ class Plan:
             raise ValueError("optim.Plan needs the members ordered SGD first, then Adam")
         k, total, names = hyper.n_sgd, len(hyper.lr), list(params)
         self.state, self.blocks = state, []
+        mixed = 0 < k < total
+        if whole is not None and (not mixed or whole["param"].numel() <= SMALL_STACK):
+            # one tensor for everything, per-element hyperparameters
+            sizes = [params[n][0].numel() for n in names]
+            lr, wd, adam = (
+                torch.cat([h.view(-1, 1).expand(-1, n).reshape(-1) for n in sizes])
+                for h in (hyper.lr, hyper.weight_decay, hyper.is_adam)
+            )
+            rule = _mixed if mixed else _adam if k == 0 else _sgd
+            slots = {s: [whole[s]] for s in "bmv"}
+            if mixed:
+                slots["adam"] = [adam]
+            self.blocks.append((rule, [whole["param"]], [whole["grad"]], slots, [-lr], [wd]))
+            return
         for rows, rule in ((slice(0, k), _sgd), (slice(k, total), _adam)):
             if rows.start == rows.stop:
-                continue
-            if whole is not None and rows.stop - rows.start == total:  # one rule: one tensor
-                sizes = [params[n][0].numel() for n in names]
-                lr, wd = (
-                    torch.cat([h.view(-1, 1).expand(-1, n).reshape(-1) for n in sizes])
-                    for h in (hyper.lr, hyper.weight_decay)
-                )
-                slots = {s: [whole[s]] for s in "bmv"}
-                self.blocks.append((rule, [whole["param"]], [whole["grad"]], slots, [-lr], [wd]))
                 continue
             p = [params[n][rows] for n in names]
             self.blocks.append(
@@ -170,7 +178,27 @@ def _adam(p, g, state, neg_lr, wd, t) -> None:
     torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
     torch._foreach_add_(denom, EPS)
     direction = torch._foreach_div(m, denom)
-    torch._foreach_addcmul_(p, direction, neg_lr, value=1 / (1 - BETA1**t))
+    torch._foreach_mul_(direction, 1 / (1 - BETA1**t))  # as _mixed: the same bits
+    torch._foreach_addcmul_(p, direction, neg_lr)
+
+
+def _mixed(p, g, state, neg_lr, wd, t) -> None:
+    """Both rules on every element, each element keeping its member's (``state["adam"]``)."""
+    g = torch._foreach_addcmul(g, p, wd)
+    b, m, v = state["b"], state["m"], state["v"]
+    torch._foreach_mul_(b, MOMENTUM)
+    torch._foreach_add_(b, g)
+    torch._foreach_lerp_(m, g, 1 - BETA1)
+    torch._foreach_mul_(v, BETA2)
+    torch._foreach_addcmul_(v, g, g, value=1 - BETA2)
+    denom = torch._foreach_sqrt(v)
+    torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
+    torch._foreach_add_(denom, EPS)
+    direction = torch._foreach_div(m, denom)
+    torch._foreach_mul_(direction, 1 / (1 - BETA1**t))
+    for d, adam, momentum in zip(direction, state["adam"], b, strict=True):
+        torch.where(adam, d, momentum, out=d)
+    torch._foreach_addcmul_(p, direction, neg_lr)
 
 
 def _step_unordered(params, grads, state, hyper) -> None:
