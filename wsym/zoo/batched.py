@@ -1,11 +1,13 @@
 """Train many zoo members at once, as one batched model.
 
 Members that share an architecture and a batch size train together: their
-parameters and buffers are stacked on a leading member axis and the module
-runs under ``torch.func.vmap(functional_call(...))``, so each step is a few
-batched matmuls (or grouped convolutions) instead of one small step per member.
-The optimizer update is :mod:`wsym.zoo.optim`, per member (own learning rate,
-weight decay, SGD or Adam).
+parameters and buffers are stacked on a leading member axis, so each step is a
+few batched matmuls (or grouped convolutions) instead of one small step per
+member. Plain MLP classifiers run :mod:`wsym.zoo.stacked_mlp` (batched matmuls
+and a hand-written backward, no autograd); other modules run under
+``torch.func.vmap(functional_call(...))`` with autograd. The optimizer update
+is :mod:`wsym.zoo.optim`, per member (own learning rate, weight decay, SGD or
+Adam, only the rule the member uses).
 
 Each member draws everything from its own seeds (:func:`member_streams`):
 initial weights, its training subset (``train_fraction``), its label noise, its
@@ -59,7 +61,7 @@ from torch.nn import functional as F
 
 from wsym.data import Dataset
 from wsym.errors import WsymInputError
-from wsym.zoo import optim
+from wsym.zoo import optim, stacked_mlp
 from wsym.zoo.architectures import initialise
 from wsym.zoo.presets import member_seed
 
@@ -119,14 +121,19 @@ def train_members(preset: dict[str, Any], data: Dataset, members: list[Member]) 
 class _GroupTrainer:
     """Members of one architecture and batch size, trained as one stacked model.
 
-    The parameters of all members live in one tensor ``flat`` ``(M, P)``
-    (the optimizer then updates every parameter in a handful of operations);
-    :meth:`_views` cuts it into the module's parameter shapes. ``self.rows``
-    holds the indices (into ``self.members``) of the members still training, in
-    stack order; every per-member tensor is kept aligned with it.
+    Plain MLPs train with :mod:`wsym.zoo.stacked_mlp` (hand-written backward,
+    parameters ``self.params`` = one augmented tensor per layer); anything else
+    keeps the parameters of all members in one tensor ``{"flat": (M, P)}``,
+    which :meth:`_views` cuts into the module's parameter shapes, and runs
+    autograd through ``vmap``. Members are stacked SGD first, then Adam, so
+    the optimizer computes each rule on a contiguous block of rows only.
+    ``self.rows`` holds the indices (into ``self.members``) of the members
+    still training, in stack order; every per-member tensor is kept aligned
+    with it.
     """
 
     def __init__(self, preset: dict[str, Any], data: Dataset, members: list[Member]):
+        members = sorted(members, key=lambda m: m.hyperparameters["optimizer"] == "adam")
         self.members, self.data = members, data
         self.regression = preset["task"] == "regression"
         self.batch = int(members[0].hyperparameters["batch_size"])
@@ -139,11 +146,21 @@ class _GroupTrainer:
         self.base = initialise(members[0].architecture, 0).train()
         self.keys = list(self.base.state_dict())
         params, buffers = stack_module_state(modules)
+        params = {k: v.detach() for k, v in params.items()}
         self.shapes = {k: v.shape[1:] for k, v in params.items()}
-        flat = torch.cat([v.detach().reshape(len(members), -1) for v in params.values()], 1)
-        self.flat = flat
+        sites = preset.get("dropout_sites", [])
+        self.mlp = stacked_mlp.mlp_spec(self.base, sites)
+        if self.mlp is not None:
+            packed = stacked_mlp.pack(params, self.mlp)
+            self.stack = optim.FlatStack({f"layer{i}": a for i, a in enumerate(packed)})
+            self.params = self.stack.views("param")
+            self.x_aug = stacked_mlp.with_ones(data.x_train)
+        else:
+            flat = torch.cat([v.reshape(len(members), -1) for v in params.values()], 1)
+            self.params = {"flat": flat}
         self.buffers = {k: v.clone() for k, v in buffers.items()}
-        self.opt_state = optim.init_state({"flat": self.flat})
+        self.opt_state = self.stack.state() if self.mlp else optim.init_state(self.params)
+        self.plan: optim.Plan | None = None
         self.hyper = optim.Hyper(
             torch.tensor([float(h["lr"]) for h in hp]),
             torch.tensor([float(h["weight_decay"]) for h in hp]),
@@ -157,13 +174,11 @@ class _GroupTrainer:
         self.targets = self.all_targets
         self.total = torch.tensor([s.total_steps for s in self.streams])
         rates = [float(h["dropout"]) for h in hp]
-        sites = preset.get("dropout_sites", [])
         self.dropout = _Dropout(
             self.base, sites, data.x_train, self.batch, rates, [s["dropout"] for s in seeds]
         )
         self.rows = torch.arange(len(members))
         self.next_exit = 0
-        self.mlp = _mlp_layers(self.base, sites)
         self.block: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
         self.finished: dict[int, dict[str, torch.Tensor]] = {}
         self.step = 0
@@ -184,6 +199,14 @@ class _GroupTrainer:
                     break
         return self._evaluate()
 
+    def _state(self) -> dict[str, torch.Tensor]:
+        """Stacked state dict ``{name: (M, ...)}`` of the members in the stack (views)."""
+        if self.mlp is not None:
+            params = stacked_mlp.unpack(list(self.params.values()), self.mlp)
+        else:
+            params = self._views(self.params["flat"])
+        return {**params, **self.buffers}
+
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         views, start = {}, 0
         for name, shape in self.shapes.items():
@@ -191,12 +214,6 @@ class _GroupTrainer:
             views[name] = flat[:, start : start + size].view(len(flat), *shape)
             start += size
         return views
-
-    def _batched(self, params, buffers, x, masks) -> torch.Tensor:
-        """Outputs ``(M, B, ...)`` of every member on its own inputs ``x`` ``(M, B, ...)``."""
-        if self.mlp is not None:
-            return _mlp_forward(params, x, masks, *self.mlp)
-        return vmap(self._forward)(params, buffers, x, masks)
 
     def _forward(self, params, buffers, x, masks):
         self.dropout.current = masks
@@ -207,16 +224,36 @@ class _GroupTrainer:
 
     def _train_step(self, idx: torch.Tensor, masks: dict[str, torch.Tensor]) -> None:
         """One step of every training member on its batch ``idx`` ``(M, B)``."""
-        x = self.data.x_train[idx]
         y = self.targets.gather(1, idx)
+        if self.mlp is not None and not self.regression:
+            m, b = idx.shape
+            x = self.x_aug.index_select(0, idx.reshape(-1)).view(m, b, -1)
+            if self.plan is None:  # the stack changed
+                self.plan = self.stack.plan(self.hyper)
+                self.grad_views = list(self.stack.views("grad").values())
+                self.workspace: dict = {}
+            params = list(self.params.values())
+            stacked_mlp.loss_gradients(
+                params, x, y, masks, self.mlp, self.grad_views, self.workspace
+            )
+            self.plan.step()
+            return
+        x = self.data.x_train[idx]
         # differentiate w.r.t. leaf views of ``flat`` (not ``flat`` itself, whose slice
         # backward would zero-fill a full (M, P) gradient once per parameter)
-        params = {k: v.requires_grad_(True) for k, v in self._views(self.flat).items()}
+        flat = self.params["flat"]
+        params = {k: v.requires_grad_(True) for k, v in self._views(flat).items()}
         out = self._batched(params, self.buffers, x, masks)
         loss = _loss(out, y, self.regression).mean(dim=1).sum()
         grads = torch.autograd.grad(loss, list(params.values()))
         grad = torch.cat([g.reshape(len(g), -1) for g in grads], dim=1)
-        optim.step({"flat": self.flat}, {"flat": grad}, self.opt_state, self.hyper)
+        optim.step(self.params, {"flat": grad}, self.opt_state, self.hyper)
+
+    def _batched(self, params, buffers, x, masks) -> torch.Tensor:
+        """Outputs ``(M, B, ...)`` of every member on its own inputs ``x`` ``(M, B, ...)``."""
+        if self.mlp is not None:
+            return _mlp_forward(params, x, masks, self.mlp)
+        return vmap(self._forward)(params, buffers, x, masks)
 
     def _retire(self) -> None:
         """Take members that have taken all their steps off the stack."""
@@ -224,17 +261,23 @@ class _GroupTrainer:
             return
         done = self.total[self.rows] <= self.step
         if not bool(done.any()):
+            self.next_exit = int(self.total[self.rows].min())
             return
-        state = {**self._views(self.flat), **self.buffers}
+        self.plan = None
+        state = self._state()
         for pos in torch.nonzero(done).flatten().tolist():
             row = int(self.rows[pos])
             self.finished[row] = {k: v[pos].clone() for k, v in state.items()}
         keep = torch.nonzero(~done).flatten()
         self.rows = self.rows[keep]
         self.next_exit = int(self.total[self.rows].min()) if len(self.rows) else 0
-        self.flat = self.flat[keep]
+        if self.mlp is not None:
+            self.stack = self.stack.select(keep)
+            self.params, self.opt_state = self.stack.views("param"), self.stack.state()
+        else:
+            self.params = {k: v[keep] for k, v in self.params.items()}
+            self.opt_state = optim.select_state(self.opt_state, keep)
         self.buffers = {k: v[keep] for k, v in self.buffers.items()}
-        self.opt_state = optim.select_state(self.opt_state, keep)
         self.hyper = self.hyper.select(keep)
         self.targets = self.targets[keep]
         if self.block is not None:
@@ -278,8 +321,8 @@ class _GroupTrainer:
     def _outputs(self, params, buffers, x: torch.Tensor) -> torch.Tensor:
         if self.mlp is not None:
             chunks = [
-                _mlp_forward(
-                    params, x[i : i + _EVAL_CHUNK].expand(len(self.members), -1, -1), {}, *self.mlp
+                stacked_mlp.forward(
+                    params, x[i : i + _EVAL_CHUNK].expand(len(self.members), -1, -1), self.mlp
                 )
                 for i in range(0, len(x), _EVAL_CHUNK)
             ]
@@ -292,54 +335,14 @@ class _GroupTrainer:
         return torch.cat(chunks, dim=1)
 
 
-_ACTIVATIONS = {
-    nn.ReLU: torch.relu,
-    nn.Tanh: torch.tanh,
-    nn.GELU: F.gelu,
-    nn.LeakyReLU: F.leaky_relu,
-    nn.Sigmoid: torch.sigmoid,
-    nn.Identity: lambda h: h,
-}
-
-
-def _mlp_layers(base: nn.Module, sites: list[str]):
-    """``(linear names, activation fns, dropout site per layer)`` if ``base`` is a plain MLP.
-
-    A :class:`torch.nn.Sequential` of ``Linear`` layers with default-argument
-    activations between them runs as batched matmuls (``torch.baddbmm``), which
-    is several times faster than ``vmap`` for these tiny layers; anything else
-    returns ``None`` and runs under ``vmap``.
-    """
-    if not isinstance(base, nn.Sequential):
-        return None
-    layers, acts, drops = [], [], []
-    for name, module in base.named_children():
-        if isinstance(module, nn.Linear):
-            layers.append(name)
-            acts.append(None)
-            drops.append(None)
-        elif type(module) in _ACTIVATIONS and layers and acts[-1] is None:
-            if isinstance(module, nn.LeakyReLU) and module.negative_slope != 0.01:
-                return None
-            if isinstance(module, nn.GELU) and module.approximate != "none":
-                return None
-            acts[-1] = _ACTIVATIONS[type(module)]
-            drops[-1] = name if name in sites else None
-        else:
-            return None
-    if not layers or any(s not in drops for s in sites):
-        return None
-    return layers, acts, drops
-
-
-def _mlp_forward(params, x, masks, layers, acts, drops) -> torch.Tensor:
-    """Batched MLP: ``h <- act(h W^T + b) * mask`` layer by layer, ``x`` ``(M, B, d)``."""
+def _mlp_forward(params, x, masks, spec: stacked_mlp.MLPSpec) -> torch.Tensor:
+    """Batched MLP forward with dropout (autograd path: regression MLPs), ``x`` ``(M, B, d)``."""
     h = x
-    for name, act, drop in zip(layers, acts, drops, strict=True):
+    for name, act, drop in zip(spec.layers, spec.activations, spec.dropout, strict=True):
         weight, bias = params[f"{name}.weight"], params[f"{name}.bias"]
         h = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
         if act is not None:
-            h = act(h)
+            h = stacked_mlp.activation(act, h)
         if drop is not None and drop in masks:
             h = h * masks[drop]
     return h
@@ -423,7 +426,6 @@ class _Dropout:
         with torch.no_grad():
             base(x[:batch])  # records each site's output shape
         self._probe = False
-        self.ones = {site: torch.ones(BLOCK, *shape) for site, shape in self.shapes.items()}
 
     def _hook(self, site: str):
         def hook(module, inputs, output):
@@ -437,16 +439,25 @@ class _Dropout:
         return hook
 
     def next_block(self, rows: list[int]) -> dict[str, torch.Tensor]:
-        """Masks ``(M, BLOCK, B, ...)`` of members ``rows`` for the next steps (``{}``: none)."""
+        """Masks ``(M, BLOCK, B, ...)`` of members ``rows`` for the next steps (``{}``: none).
+
+        Member ``r`` keeps a unit where its uniform draw is ``>= p_r`` and scales
+        it by ``1 / (1 - p_r)``; members with ``p_r = 0`` draw nothing (all ones).
+        """
+        rates = [self.rates[r] for r in rows]
+        if not self.shapes or not any(rates):
+            return {}
+        rate = torch.tensor(rates)
+        scale = 1.0 / (1.0 - rate)
         out = {}
         for site, shape in self.shapes.items():
-            per_member = []
-            for r in rows:
-                p = self.rates[r]
+            draws = torch.empty(len(rows), BLOCK, *shape)
+            for slot, r, p in zip(draws, rows, rates, strict=True):
                 if p == 0:
-                    per_member.append(self.ones[site])
+                    slot.fill_(1.0)
                 else:
-                    keep = torch.rand((BLOCK, *shape), generator=self.gens[r]) >= p
-                    per_member.append(keep.float() / (1 - p))
-            out[site] = torch.stack(per_member)
+                    slot.uniform_(generator=self.gens[r])
+            per_member = (-1, *(1,) * (draws.dim() - 1))
+            torch.ge(draws, rate.view(per_member), out=draws)  # 1.0 where kept, else 0.0
+            out[site] = draws.mul_(scale.view(per_member))
         return out

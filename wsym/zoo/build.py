@@ -29,7 +29,7 @@ from wsym.zoo.presets import load_preset, member_seed
 from wsym.zoo.zoo import Zoo, load
 
 #: Bump when a change to training or sampling changes the members a preset and seed produce.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 _SPLIT_STREAM = 7
 
 

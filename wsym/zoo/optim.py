@@ -11,7 +11,11 @@ Weight decay is the coupled L2 penalty of ``torch.optim.SGD``/``Adam``:
   ``b <- mu b + g`` (``b = g`` at the first step), ``p <- p - lr b``;
 * Adam (``beta1, beta2, eps`` as ``torch.optim.Adam``):
   ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``,
-  ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``.
+  ``p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+
+Only the rule a member uses is computed: with the members ordered SGD first
+(then Adam), each rule runs on a contiguous block of rows with
+``torch._foreach`` kernels.
 
 The updates match ``torch.optim`` to float32 rounding (``tests/test_zoo_train.py``
 checks this against a member trained alone).
@@ -27,20 +31,32 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 MOMENTUM, BETA1, BETA2, EPS = 0.9, 0.9, 0.999, 1e-8
+#: Up to this many parameters (all members), a stack mixing SGD and Adam members computes
+#: both rules on one tensor (fewer kernels) rather than each on its own rows.
+SMALL_STACK = 2**16
 
 
 @dataclass
 class Hyper:
-    """Per-member optimizer hyperparameters, each ``(M,)``."""
+    """Per-member optimizer hyperparameters, each ``(M,)``.
+
+    ``n_sgd`` (derived) is the number of leading SGD members when the members
+    are ordered SGD first, then Adam; ``None`` otherwise.
+    """
 
     lr: torch.Tensor
     weight_decay: torch.Tensor
     is_adam: torch.Tensor
+    n_sgd: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        k = int((~self.is_adam).sum())
+        self.n_sgd = k if not bool(self.is_adam[:k].any()) else None
 
     def select(self, rows: torch.Tensor) -> Hyper:
         """The hyperparameters of members ``rows`` only."""
@@ -63,25 +79,198 @@ def step(
     state: dict[str, torch.Tensor],
     hyper: Hyper,
 ) -> None:
-    """One optimizer step of every member, in place on ``params`` and ``state``."""
-    state["step"] += 1
-    t = float(state["step"])
-    first = t == 1.0
-    for name, p in params.items():
-        shape = (-1,) + (1,) * (p.dim() - 1)
-        lr, wd = hyper.lr.view(shape), hyper.weight_decay.view(shape)
-        adam = hyper.is_adam.view(shape)
-        g = grads[name] + wd * p
-        b, m, v = state[f"b:{name}"], state[f"m:{name}"], state[f"v:{name}"]
-        if first:
-            b.copy_(g)
-        else:
-            b.mul_(MOMENTUM).add_(g)
-        m.mul_(BETA1).add_(g, alpha=1 - BETA1)
-        v.mul_(BETA2).addcmul_(g, g, value=1 - BETA2)
-        denom = (v / (1 - BETA2**t)).sqrt_().add_(EPS)
-        adam_dir = (m / (1 - BETA1**t)) / denom
-        p.sub_(lr * torch.where(adam, adam_dir, b))
+    """One optimizer step of every member, in place on ``params`` and ``state``.
+
+    Each member is updated by its own rule only: with the members ordered SGD
+    first (``hyper.n_sgd``), each rule runs on its contiguous block of rows
+    (:class:`Plan`); otherwise the rows are permuted into that order and back.
+    """
+    if hyper.n_sgd is None:
+        _step_unordered(params, grads, state, hyper)
+    else:
+        Plan(params, grads, state, hyper).step()
+
+
+class Plan:
+    """:func:`step` for a fixed stack, its row blocks and per-member views cut once.
+
+    ``grads`` are the tensors the gradients will be written into (in place)
+    before each :meth:`step`; the plan holds views of them, of ``params`` and
+    of ``state``, so a step is only the update kernels (``torch._foreach``,
+    one call per kernel for all parameters). Build a new plan whenever the
+    stack changes. Members must be ordered SGD first (``hyper.n_sgd``).
+    With ``whole`` (the 1-D buffers of a :class:`FlatStack`), a rule that all
+    members use runs on one tensor, with per-element learning rates and weight
+    decays: the fewest kernels, which matters once few members are left.
+    """
+
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        grads: dict[str, torch.Tensor],
+        state: dict[str, torch.Tensor],
+        hyper: Hyper,
+        whole: dict[str, torch.Tensor] | None = None,
+    ):
+        if hyper.n_sgd is None:
+            raise ValueError("optim.Plan needs the members ordered SGD first, then Adam")
+        k, total, names = hyper.n_sgd, len(hyper.lr), list(params)
+        self.state, self.blocks = state, []
+        mixed = 0 < k < total
+        if whole is not None and (not mixed or whole["param"].numel() <= SMALL_STACK):
+            # one tensor for everything, per-element hyperparameters
+            sizes = [params[n][0].numel() for n in names]
+            lr, wd, adam = (
+                torch.cat([h.view(-1, 1).expand(-1, n).reshape(-1) for n in sizes])
+                for h in (hyper.lr, hyper.weight_decay, hyper.is_adam)
+            )
+            rule = _mixed if mixed else _adam if k == 0 else _sgd
+            slots = {s: [whole[s]] for s in "bmv"}
+            if mixed:
+                slots["adam"] = [adam]
+            self.blocks.append((rule, [whole["param"]], [whole["grad"]], slots, [-lr], [wd]))
+            return
+        for rows, rule in ((slice(0, k), _sgd), (slice(k, total), _adam)):
+            if rows.start == rows.stop:
+                continue
+            p = [params[n][rows] for n in names]
+            self.blocks.append(
+                (
+                    rule,
+                    p,
+                    [grads[n][rows] for n in names],
+                    {s: [state[f"{s}:{n}"][rows] for n in names] for s in "bmv"},
+                    _per_member(-hyper.lr[rows], p),
+                    _per_member(hyper.weight_decay[rows], p),
+                )
+            )
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One step of every member, with the gradients now in the plan's ``grads``."""
+        self.state["step"] += 1
+        t = float(self.state["step"])
+        for rule, p, g, slots, neg_lr, wd in self.blocks:
+            rule(p, g, slots, neg_lr, wd, t)
+
+
+def _per_member(values: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [values.view(-1, *(1,) * (p.dim() - 1)) for p in like]
+
+
+def _sgd(p, g, state, neg_lr, wd, t) -> None:
+    """SGD: ``g <- g + wd p``, ``b <- mu b + g``, ``p <- p - lr b`` (``b`` starts at 0)."""
+    g = torch._foreach_addcmul(g, p, wd)
+    b = state["b"]
+    torch._foreach_mul_(b, MOMENTUM)
+    torch._foreach_add_(b, g)
+    torch._foreach_addcmul_(p, b, neg_lr)
+
+
+def _adam(p, g, state, neg_lr, wd, t) -> None:
+    """``torch.optim.Adam``'s update, per-member ``lr`` and coupled weight decay ``wd``."""
+    g = torch._foreach_addcmul(g, p, wd)
+    m, v = state["m"], state["v"]
+    torch._foreach_lerp_(m, g, 1 - BETA1)
+    torch._foreach_mul_(v, BETA2)
+    torch._foreach_addcmul_(v, g, g, value=1 - BETA2)
+    denom = torch._foreach_sqrt(v)
+    torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
+    torch._foreach_add_(denom, EPS)
+    direction = torch._foreach_div(m, denom)
+    torch._foreach_mul_(direction, 1 / (1 - BETA1**t))  # as _mixed: the same bits
+    torch._foreach_addcmul_(p, direction, neg_lr)
+
+
+def _mixed(p, g, state, neg_lr, wd, t) -> None:
+    """Both rules on every element, each element keeping its member's (``state["adam"]``)."""
+    g = torch._foreach_addcmul(g, p, wd)
+    b, m, v = state["b"], state["m"], state["v"]
+    torch._foreach_mul_(b, MOMENTUM)
+    torch._foreach_add_(b, g)
+    torch._foreach_lerp_(m, g, 1 - BETA1)
+    torch._foreach_mul_(v, BETA2)
+    torch._foreach_addcmul_(v, g, g, value=1 - BETA2)
+    denom = torch._foreach_sqrt(v)
+    torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
+    torch._foreach_add_(denom, EPS)
+    direction = torch._foreach_div(m, denom)
+    torch._foreach_mul_(direction, 1 / (1 - BETA1**t))
+    for d, adam, momentum in zip(direction, state["adam"], b, strict=True):
+        torch.where(adam, d, momentum, out=d)
+    torch._foreach_addcmul_(p, direction, neg_lr)
+
+
+def _step_unordered(params, grads, state, hyper) -> None:
+    """:func:`step` for members in any order: permute SGD first, update, permute back."""
+    order = torch.argsort(hyper.is_adam.to(torch.int8), stable=True)
+    ordered = hyper.select(order)
+    state_sorted = {k: v[order] for k, v in state.items() if k != "step"}
+    params_sorted = {k: v[order] for k, v in params.items()}
+    grads_sorted = {k: v[order] for k, v in grads.items()}
+    state_sorted["step"] = state["step"]  # the same tensor: the plan's step counts here
+    Plan(params_sorted, grads_sorted, state_sorted, ordered).step()
+    for k, v in params_sorted.items():
+        params[k][order] = v
+    for k, v in state_sorted.items():
+        if k != "step":
+            state[k][order] = v
+
+
+class FlatStack:
+    """Parameters, gradients and optimizer state of a stack, one 1-D buffer each.
+
+    Each buffer (``param``, ``grad`` and the slots ``b``, ``m``, ``v``) holds
+    every parameter of every member, parameter by parameter (``(M, ...)``
+    blocks one after another), so each parameter is a contiguous view
+    (:meth:`views`) and an update over everything is one kernel.
+
+    Example:
+        >>> stack = FlatStack({"w": torch.ones(2, 3), "b": torch.zeros(2)})
+        >>> stack.views("param")["w"].shape, stack.buffers["param"].shape
+        (torch.Size([2, 3]), torch.Size([8]))
+        >>> stack.select(torch.tensor([1])).views("param")["b"].shape
+        torch.Size([1])
+    """
+
+    KINDS = ("param", "grad", "b", "m", "v")
+
+    def __init__(self, params: dict[str, torch.Tensor], buffers=None, step=None):
+        self.shapes = {k: v.shape for k, v in params.items()}
+        if buffers is None:
+            flat = torch.cat([v.reshape(-1) for v in params.values()])
+            buffers = {k: flat if k == "param" else torch.zeros_like(flat) for k in self.KINDS}
+        self.buffers = buffers
+        self.step = torch.zeros(()) if step is None else step
+
+    def views(self, kind: str) -> dict[str, torch.Tensor]:
+        """Per-parameter views ``(M, ...)`` of buffer ``kind``."""
+        views, start, flat = {}, 0, self.buffers[kind]
+        for name, shape in self.shapes.items():
+            size = shape.numel()
+            views[name] = flat[start : start + size].view(shape)
+            start += size
+        return views
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The optimizer state in :func:`init_state`'s form (views of the buffers)."""
+        state = {"step": self.step}
+        for slot in "bmv":
+            state.update({f"{slot}:{k}": v for k, v in self.views(slot).items()})
+        return state
+
+    def plan(self, hyper: Hyper) -> Plan:
+        """A :class:`Plan` of this stack (gradients to be written into ``views("grad")``)."""
+        return Plan(self.views("param"), self.views("grad"), self.state(), hyper, self.buffers)
+
+    def select(self, rows: torch.Tensor) -> FlatStack:
+        """The stack of members ``rows`` only (new buffers)."""
+        buffers = {
+            kind: torch.cat([v[rows].reshape(-1) for v in self.views(kind).values()])
+            for kind in self.KINDS
+        }
+        params = {k: v[rows] for k, v in self.views("param").items()}
+        return FlatStack(params, buffers, self.step)
 
 
 def select_state(state: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,0 +1,238 @@
+"""Stacked MLPs with a hand-written backward: the fast path of batched zoo training.
+
+``M`` members of one MLP architecture (a :class:`torch.nn.Sequential` of
+``Linear`` layers with element-wise activations between them) train as one
+stacked model. Layer ``l`` of every member lives in one *augmented* tensor
+``A_l`` ``(M, out_l, in_l + 1)`` whose last column is the bias, so with inputs
+carrying a trailing column of ones, ``h_aug (M, B, in_l + 1)``,
+
+* forward: ``z_l = h_aug A_l^T`` ``(M, B, out_l)`` (one ``bmm``),
+  ``h_{l+1} = act(z_l) * mask_l`` (inverted dropout mask, or none);
+* loss: mean softmax cross-entropy per member, summed over members, so
+  ``dL/dz_L = (softmax(z_L) - onehot(y)) / B`` (computed on ``z_L^T``
+  ``(M, C, B)``: a softmax over a middle axis is far faster than over a short last one);
+* backward: ``dL/dA_l = dz_l^T h_aug`` (one ``bmm``: weight and bias gradient
+  at once), ``dL/dh_l = dz_l A_l[:, :, :in_l]`` and
+  ``dz_{l-1} = act'(z_{l-1}) * mask_{l-1} * dL/dh_l``.
+
+No autograd graph is built: a training step is a dozen batched kernels, which
+is several times faster than ``autograd`` on these tiny layers. Every member's
+products are computed on their own (batched matmuls), so a member's gradient
+does not depend on the others in the stack. :func:`loss_gradients` is checked
+against autograd in float64 (``tests/test_zoo_train.py``).
+
+Example:
+    >>> from torch import nn
+    >>> base = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    >>> spec = mlp_spec(base, [])
+    >>> state = {k: v.expand(5, *v.shape) for k, v in base.state_dict().items()}
+    >>> params = pack(state, spec)
+    >>> [tuple(p.shape) for p in params]
+    [(5, 3, 5), (5, 2, 4)]
+    >>> x, y = with_ones(torch.randn(5, 8, 4)), torch.randint(0, 2, (5, 8))
+    >>> [tuple(g.shape) for g in loss_gradients(params, x, y, {}, spec)]
+    [(5, 3, 5), (5, 2, 4)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+_aten = torch.ops.aten
+
+#: Activations the fast path differentiates by hand: module type -> name.
+ACTIVATIONS = {
+    nn.ReLU: "relu",
+    nn.Tanh: "tanh",
+    nn.GELU: "gelu",
+    nn.LeakyReLU: "leaky_relu",
+    nn.Sigmoid: "sigmoid",
+    nn.Identity: "identity",
+}
+_FORWARD = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "gelu": F.gelu,
+    "leaky_relu": F.leaky_relu,
+    "sigmoid": torch.sigmoid,
+    "identity": lambda z: z,
+}
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """A plain MLP: its ``Linear`` names, the activation after each, its dropout sites.
+
+    ``activations[l]`` / ``dropout[l]`` belong to the output of ``layers[l]``
+    (``None``: no activation / no dropout there; the last layer has neither).
+    """
+
+    layers: tuple[str, ...]
+    activations: tuple[str | None, ...]
+    dropout: tuple[str | None, ...]
+
+
+def mlp_spec(base: nn.Module, sites: list[str]) -> MLPSpec | None:
+    """The :class:`MLPSpec` of ``base`` if it is a plain MLP, else ``None``.
+
+    A plain MLP is a :class:`torch.nn.Sequential` of ``Linear`` layers with at
+    most one default-argument activation after each and no activation after the
+    last; ``sites`` (dropout) must be activation modules of it.
+    """
+    if not isinstance(base, nn.Sequential):
+        return None
+    layers: list[str] = []
+    acts: list[str | None] = []
+    drops: list[str | None] = []
+    for name, module in base.named_children():
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            layers.append(name)
+            acts.append(None)
+            drops.append(None)
+        elif type(module) in ACTIVATIONS and layers and acts[-1] is None:
+            if isinstance(module, nn.LeakyReLU) and module.negative_slope != 0.01:
+                return None
+            if isinstance(module, nn.GELU) and module.approximate != "none":
+                return None
+            acts[-1] = ACTIVATIONS[type(module)]
+            drops[-1] = name if name in sites else None
+        else:
+            return None
+    if not layers or acts[-1] is not None or any(s not in drops for s in sites):
+        return None
+    return MLPSpec(tuple(layers), tuple(acts), tuple(drops))
+
+
+def pack(state: dict[str, torch.Tensor], spec: MLPSpec) -> list[torch.Tensor]:
+    """Stacked state dict ``{name: (M, ...)}`` -> augmented layers ``(M, out, in + 1)``."""
+    return [
+        torch.cat([state[f"{n}.weight"], state[f"{n}.bias"].unsqueeze(-1)], dim=-1).contiguous()
+        for n in spec.layers
+    ]
+
+
+def unpack(params: list[torch.Tensor], spec: MLPSpec) -> dict[str, torch.Tensor]:
+    """Augmented layers -> stacked state dict views ``{name.weight, name.bias}``."""
+    state = {}
+    for name, a in zip(spec.layers, params, strict=True):
+        state[f"{name}.weight"] = a[..., :-1]
+        state[f"{name}.bias"] = a[..., -1]
+    return state
+
+
+def with_ones(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(..., d)`` with a trailing column of ones ``(..., d + 1)``."""
+    return torch.cat([x, x.new_ones(*x.shape[:-1], 1)], dim=-1)
+
+
+def activation(name: str, z: torch.Tensor) -> torch.Tensor:
+    """The activation ``name`` (a value of :data:`ACTIVATIONS`) applied to ``z``."""
+    return _FORWARD[name](z)
+
+
+def forward(state: dict[str, torch.Tensor], x: torch.Tensor, spec: MLPSpec) -> torch.Tensor:
+    """Outputs ``(M, B, C)`` of the stacked members (state dict form) on ``x`` ``(M, B, d)``.
+
+    No dropout: this is the evaluation forward.
+    """
+    h = x
+    for name, act in zip(spec.layers, spec.activations, strict=True):
+        weight, bias = state[f"{name}.weight"], state[f"{name}.bias"]
+        h = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+        if act is not None:
+            h = _FORWARD[act](h)
+    return h
+
+
+def loss_gradients(
+    params: list[torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    masks: dict[str, torch.Tensor],
+    spec: MLPSpec,
+    out: list[torch.Tensor] | None = None,
+    workspace: dict | None = None,
+) -> list[torch.Tensor]:
+    """Gradients of ``sum_m mean_b CE(f_m(x_mb), y_mb)`` w.r.t. the augmented layers.
+
+    Args:
+        params: augmented layers ``A_l`` ``(M, out_l, in_l + 1)`` (:func:`pack`).
+        x: inputs with a column of ones ``(M, B, d + 1)`` (:func:`with_ones`).
+        y: class labels ``(M, B)`` (int64).
+        masks: inverted dropout masks ``(M, B, width)`` by dropout site; a site
+            missing from ``masks`` is not dropped.
+        spec: the MLP (:func:`mlp_spec`).
+        out: tensors shaped like ``params`` to write the gradients into, or ``None``.
+        workspace: a dict kept by the caller between calls with the same shapes;
+            it caches the activation buffers (their columns of ones) across calls.
+
+    Returns:
+        ``dL/dA_l``, shaped like ``params`` (``out`` when given).
+    """
+    m, b = y.shape
+    inputs = [x]  # h_aug of each layer
+    saved = []  # what each hidden layer's backward needs
+    h = x
+    last = len(params) - 1
+    for i, a in enumerate(params[:-1]):
+        z = torch.bmm(h, a.transpose(1, 2))
+        act = spec.activations[i]
+        h = _cached(workspace, ("h", i, m, b), lambda z=z: with_ones(z))
+        body = h[..., :-1]
+        if act == "relu":
+            torch.clamp_min(z, 0.0, out=body)
+        else:
+            body.copy_(_FORWARD[act](z))
+        mask = masks.get(spec.dropout[i]) if spec.dropout[i] is not None else None
+        if mask is not None:
+            body.mul_(mask)
+        saved.append((z, body, mask))
+        inputs.append(h)
+    # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
+    # than over a short last axis
+    dz_t = torch.softmax(torch.bmm(params[last], h.transpose(1, 2)), dim=1)
+    minus_one = _cached(workspace, ("y", m, b), lambda: h.new_full((m, 1, b), -1.0))
+    dz_t.scatter_add_(1, y.unsqueeze(1), minus_one)
+    dz_t.mul_(1.0 / b)
+    grads: list[torch.Tensor] = [torch.empty(0)] * len(params)
+    for i in range(last, -1, -1):
+        target = out[i] if out is not None else None
+        grads[i] = torch.bmm(dz_t, inputs[i], out=target)
+        if i == 0:
+            break
+        dh = torch.bmm(dz_t.transpose(1, 2), params[i])[..., :-1]
+        z, body, mask = saved[i - 1]
+        act = spec.activations[i - 1]
+        if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
+            dz = _aten.threshold_backward(dh, body, 0.0)
+            if mask is not None:
+                dz.mul_(mask)
+        else:
+            dz = _activation_backward(act, dh if mask is None else dh * mask, z)
+        dz_t = dz.transpose(1, 2)
+    return grads
+
+
+def _cached(workspace: dict | None, key: tuple, make) -> torch.Tensor:
+    if workspace is None:
+        return make()
+    if key not in workspace:
+        workspace[key] = make()
+    return workspace[key]
+
+
+def _activation_backward(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """``grad * act'(z)`` for the non-ReLU activations."""
+    if act == "tanh":
+        return _aten.tanh_backward(grad, torch.tanh(z))
+    if act == "sigmoid":
+        return _aten.sigmoid_backward(grad, torch.sigmoid(z))
+    if act == "gelu":
+        return _aten.gelu_backward(grad, z)
+    if act == "leaky_relu":
+        return _aten.leaky_relu_backward(grad, z, 0.01, False)
+    return grad.contiguous()  # identity
