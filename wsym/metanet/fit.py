@@ -192,13 +192,15 @@ def _train(
             break
     net.load_state_dict(best[2])
     net.eval()
+    seconds = time.perf_counter() - start
     return {
         "val_tau": best[0],
         "best_epoch": best[1],
         "epochs_run": epoch,
         "train_members": len(graphs),
         "val_members": len(val_graphs),
-        "train_seconds": time.perf_counter() - start,
+        "train_seconds": seconds,
+        "graphs_per_second": len(graphs) * epoch / seconds if seconds > 0 else float("nan"),
         "seed": seed,
     }
 
