@@ -37,6 +37,11 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--predictors", default=",".join(PREDICTORS))
     parser.add_argument("--sharpness", action="store_true", help="add the sharpness predictors")
     parser.add_argument("--transfer", metavar="KEY")
+    parser.add_argument("--epochs", type=int, default=40, help="meta-network epochs")
+    parser.add_argument("--patience", type=int, default=10, help="early-stopping patience")
+    parser.add_argument("--hidden", type=int, default=16, help="meta-network width")
+    parser.add_argument("--layers", type=int, default=2, help="message-passing rounds")
+    parser.add_argument("--no-timing", action="store_true", help="skip the training-time lines")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.zoo:
@@ -48,19 +53,31 @@ def main() -> None:  # noqa: D103
     names = tuple(args.predictors.split(","))
     if args.sharpness:
         names += tuple(f"sharpness:{m}" for m in SHARPNESS)
+    options = {
+        "epochs": args.epochs,
+        "patience": args.patience,
+        "hidden": args.hidden,
+        "layers": args.layers,
+    }
     report = evaluate(
-        zoo, predictors=names, seeds=tuple(range(args.seeds)), split_key=args.transfer
+        zoo,
+        predictors=names,
+        seeds=tuple(range(args.seeds)),
+        split_key=args.transfer,
+        metanet_options=options,
     )
     print(f"members: {report['members']}, target: gap, split: {args.transfer or 'zoo splits'}")
     print(format_table(report))
     for r in report["rows"]:
         print(f"  {r['name']}: {r['seconds']:.0f}s for {r['seeds']} seed(s)")
+    if args.no_timing:
+        return
     spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())
     sds = zoo.state_dicts()
     ids = zoo.split("train")
     y = [float(zoo.table[i]["gap"]) for i in ids]
     start = time.perf_counter()
-    p = fit(None, [sds[i] for i in ids], y, spec=spec, seed=0)
+    p = fit(None, [sds[i] for i in ids], y, spec=spec, seed=0, **options)
     total = time.perf_counter() - start
     rep = p.config["report"]
     print(

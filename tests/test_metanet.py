@@ -207,3 +207,25 @@ def test_fit_rejects_bad_input():
     spec = wsym.detect(MLP(4, [6], 3), torch.randn(2, 4))
     with pytest.raises(WsymInputError, match="one target per state dict"):
         fit(None, [MLP(4, [6], 3).state_dict()] * 3, [1.0, 2.0], spec=spec)
+
+
+def test_statistics_readout_and_old_format(trained, tmp_path):
+    import json
+
+    from safetensors.torch import load_file, safe_open, save_file
+
+    from wsym.metanet.graph import tensor_statistics
+
+    p, sds, _ = trained
+    g = p.graphs(sds[:1])[0]
+    assert g.stat_attr.shape == (1, 7 * len(p.schema.plans)) == (1, p.schema.stat_width)
+    form = wsym.metanet.invariant_form(sds[0], p.spec)
+    assert torch.allclose(g.stat_attr[0, :7], tensor_statistics(form[p.schema.plans[0].name]))
+    path = tmp_path / "m.safetensors"
+    p.save(path)
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads(f.metadata()["wsym.metanet"])
+    meta["format"] = 1
+    save_file(load_file(str(path)), str(path), metadata={"wsym.metanet": json.dumps(meta)})
+    with pytest.raises(WsymInputError, match="another version.*retrain"):
+        load(path)

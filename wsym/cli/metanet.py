@@ -60,7 +60,7 @@ def add_commands(commands: Any) -> None:
     train.add_argument("--zoo", required=True, metavar="DIR", help="zoo directory")
     train.add_argument("--out", required=True, metavar="FILE", help="output .safetensors")
     train.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
-    train.add_argument("--epochs", type=int, default=80, help="largest epoch count (default 80)")
+    _add_network_options(train)
     train.set_defaults(handler=run_train)
     ev = add_command(sub, "eval", "compare meta-networks and baselines on a zoo", _TRAIN_EXAMPLE)
     ev.add_argument("--zoo", required=True, metavar="DIR", help="zoo directory")
@@ -72,7 +72,7 @@ def add_commands(commands: Any) -> None:
         "hessian-trace, ...)",
     )
     ev.add_argument("--transfer", metavar="KEY", help="train on low KEY values, test on high")
-    ev.add_argument("--epochs", type=int, default=80, help="meta-network epochs (default 80)")
+    _add_network_options(ev)
     ev.add_argument("--plot", metavar="PNG", help="scatter plot of predicted vs true gap")
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.set_defaults(handler=run_eval)
@@ -85,6 +85,21 @@ def add_commands(commands: Any) -> None:
     pred.add_argument("--metanet", metavar="FILE", help="meta-network (default: the shipped one)")
     pred.add_argument("--json", action="store_true", help="print the result as JSON")
     pred.set_defaults(handler=run_predict)
+
+
+def _add_network_options(parser: Any) -> None:
+    parser.add_argument("--epochs", type=int, default=60, help="largest epoch count (default 60)")
+    parser.add_argument(
+        "--patience", type=int, default=15, help="epochs without a better val tau (default 15)"
+    )
+    parser.add_argument("--hidden", type=int, default=16, help="meta-network width (default 16)")
+
+
+def _network_options(args: argparse.Namespace) -> dict:
+    for key in ("epochs", "patience", "hidden"):
+        if getattr(args, key) < 1:
+            raise WsymInputError(f"--{key} must be >= 1, got {getattr(args, key)}")
+    return {"epochs": args.epochs, "patience": args.patience, "hidden": args.hidden}
 
 
 def _check_out(path: str) -> Path:
@@ -117,7 +132,7 @@ def run_train(args: argparse.Namespace) -> int:
         spec=spec,
         validation=val,
         seed=args.seed,
-        epochs=args.epochs,
+        **_network_options(args),
     )
     y_test = torch.tensor([gap[i] for i in ids["test"]])
     tau = kendall_tau(y_test, p.predict(zoo.state_dicts(ids["test"]))) if ids["test"] else None
@@ -128,7 +143,11 @@ def run_train(args: argparse.Namespace) -> int:
     }
     p.save(out)
     out.with_suffix(".md").write_text(model_card(p, args.zoo, ids, tau))
-    print(f"wrote {out} (test Kendall tau {tau:.3f}, {p.config['report']['train_seconds']:.0f}s)")
+    rep = p.config["report"]
+    print(
+        f"wrote {out} (test Kendall tau {tau:.3f}, {rep['train_seconds']:.0f}s training, "
+        f"{rep['graphs_per_second']:.0f} graphs/s)"
+    )
     return EXIT_OK
 
 
@@ -142,14 +161,19 @@ def model_card(p: Any, zoo: str, ids: dict, tau: float | None) -> str:
             "",
             f"- architecture: {len(p.schema.plans)} tensors; symmetries: {kinds}",
             f"- training: {len(ids['train'])} train / {len(ids['val'])} val members (zoo splits), "
-            f"seed {rep['seed']}, best epoch {rep['best_epoch']}, "
-            f"{rep['train_seconds']:.0f}s on CPU",
+            f"seed {rep['seed']}, best epoch {rep['best_epoch']} of {rep['epochs_run']}, "
+            f"{rep['train_seconds']:.0f}s on CPU ({rep.get('graphs_per_second', 0):.0f} "
+            "training graphs/s)",
             f"- test split: {len(ids['test'])} members, Kendall tau {tau:.3f}"
             if tau is not None
             else "- test split: none",
             f"- validation Kendall tau: {rep['val_tau']:.3f}",
             f"- network: {p.config['layers']} message-passing layers, width {p.config['hidden']}",
             "- invariant to every group of the spec (canonical forms + message passing)",
+            "- readout: node/edge means per class and type + per-tensor statistics of the "
+            "invariant weights",
+            f"- command: `wsym metanet train --zoo {zoo} --out FILE --seed {rep['seed']} "
+            f"--hidden {p.config['hidden']}`",
             "",
         ]
     )
@@ -168,7 +192,7 @@ def run_eval(args: argparse.Namespace) -> int:
         predictors=names,
         seeds=tuple(range(args.seeds)),
         split_key=args.transfer,
-        metanet_options={"epochs": args.epochs},
+        metanet_options=_network_options(args),
     )
     if args.plot:
         scatter_plot(report, args.plot)

@@ -23,6 +23,7 @@ from torch import nn
 from wsym.detect import detect
 from wsym.errors import WsymInputError
 from wsym.metanet.graph import GraphSchema, batch_graphs
+from wsym.metanet.layers import stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.spec import SymmetrySpec
@@ -74,7 +75,7 @@ def fit(
         hidden: network width.
         layers: message-passing rounds.
         epochs: largest number of passes over the training members.
-        lr: AdamW learning rate.
+        lr: peak AdamW learning rate, annealed to 0 over ``epochs`` by a cosine.
         weight_decay: AdamW weight decay.
         batch_size: graphs per step.
         rank_weight: weight of the pairwise ranking term.
@@ -127,6 +128,8 @@ def fit(
     whole = batch_graphs(graphs)
     net.edge_enc.fit(whole.edge_attr.float(), whole.edge_type)
     net.attr_enc.fit(whole.attr_val.float(), whole.attr_type)
+    stats = stat_input(whole, torch.float32)
+    net.stat_enc.fit(stats, torch.zeros(len(stats), dtype=torch.long))
     predictor = Predictor(spec, net, config)
     report = _train(
         predictor,
@@ -163,6 +166,7 @@ def _train(
 ) -> dict:
     net = predictor.net
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
     gen = torch.Generator().manual_seed(seed)
     best = (-2.0, 0, copy.deepcopy(net.state_dict()))
     start = time.perf_counter()
@@ -180,6 +184,7 @@ def _train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        schedule.step()
         tau = kendall_tau(y_val[:, 0], _column(predictor.predict_graphs(val_graphs)))
         if tau > best[0]:
             best = (tau, epoch, copy.deepcopy(net.state_dict()))
@@ -187,13 +192,15 @@ def _train(
             break
     net.load_state_dict(best[2])
     net.eval()
+    seconds = time.perf_counter() - start
     return {
         "val_tau": best[0],
         "best_epoch": best[1],
         "epochs_run": epoch,
         "train_members": len(graphs),
         "val_members": len(val_graphs),
-        "train_seconds": time.perf_counter() - start,
+        "train_seconds": seconds,
+        "graphs_per_second": len(graphs) * epoch / seconds if seconds > 0 else float("nan"),
         "seed": seed,
     }
 

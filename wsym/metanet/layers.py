@@ -11,10 +11,10 @@ messages along its incoming edges and, separately, along its outgoing ones:
 
 :class:`WeightGraphNet` encodes raw features per type (standardized with
 type-wise statistics, then a shared linear map modulated per type), stacks
-layers, and reads out the per-class mean of the nodes and the per-type mean of
-the edges. Every operation is a function of node and edge *types* and of
-sums/means over sets, so the output is invariant to any permutation of the
-nodes of a class.
+layers, and reads out the per-class mean of the nodes, the per-type mean of
+the edges and the encoded per-tensor statistics (``stat_attr``). Every
+operation is a function of node and edge *types* and of sums/means over sets,
+so the output is invariant to any permutation of the nodes of a class.
 
 Shapes:
     input: a :class:`~torch_geometric.data.Batch` of ``B`` weight graphs
@@ -98,7 +98,7 @@ class WeightGraphNet(nn.Module):
 
     Args:
         num_node_types, num_classes, num_edge_types, num_attr_types: from the schema.
-        edge_width, attr_width, graph_width: raw feature sizes (from the schema).
+        edge_width, attr_width, graph_width, stat_width: raw feature sizes (from the schema).
         hidden: feature size; layers: message-passing rounds; outputs: predicted targets.
     """
 
@@ -111,6 +111,7 @@ class WeightGraphNet(nn.Module):
         edge_width: int,
         attr_width: int,
         graph_width: int,
+        stat_width: int = 0,
         hidden: int = 64,
         layers: int = 3,
         outputs: int = 1,
@@ -121,8 +122,9 @@ class WeightGraphNet(nn.Module):
         self.edge_enc = TypedEncoder(self.num_edge_types, edge_width, hidden)
         self.attr_enc = TypedEncoder(max(num_attr_types, 1), attr_width, hidden)
         self.graph_enc = nn.Linear(max(graph_width, 1), hidden)
+        self.stat_enc = TypedEncoder(1, max(stat_width, 1), hidden)
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
-        pooled = (self.num_classes + self.num_edge_types + 1) * hidden
+        pooled = (self.num_classes + self.num_edge_types + 2) * hidden
         self.head = mlp(pooled, hidden, outputs)
 
     def forward(self, batch) -> Tensor:
@@ -152,5 +154,14 @@ class WeightGraphNet(nn.Module):
             reduce="mean",
         )
         g = self.graph_enc(batch.graph_attr.to(dtype))
-        pooled = torch.cat([nodes.view(b, -1), edges.view(b, -1), g], dim=1)
+        s = self.stat_enc(
+            stat_input(batch, dtype), torch.zeros(b, dtype=torch.long, device=h.device)
+        )
+        pooled = torch.cat([nodes.view(b, -1), edges.view(b, -1), g, s], dim=1)
         return self.head(pooled)
+
+
+def stat_input(batch, dtype) -> Tensor:
+    """``(B, max(F_s, 1))`` per-tensor statistics (a zero column when there are none)."""
+    x = batch.stat_attr.to(dtype)
+    return x if x.shape[1] else x.new_zeros(x.shape[0], 1)

@@ -28,7 +28,7 @@ from wsym.metanet.layers import WeightGraphNet
 from wsym.spec import SymmetrySpec
 
 META_KEY = "wsym.metanet"
-FORMAT = 1
+FORMAT = 2  # 2: per-tensor statistics in the readout
 
 
 def network_for(schema: GraphSchema, hidden: int, layers: int, outputs: int) -> WeightGraphNet:
@@ -41,6 +41,7 @@ def network_for(schema: GraphSchema, hidden: int, layers: int, outputs: int) -> 
         schema.edge_width,
         schema.attr_width,
         schema.graph_width,
+        schema.stat_width,
         hidden=hidden,
         layers=layers,
         outputs=outputs,
@@ -140,7 +141,12 @@ def load(path: str | os.PathLike) -> Predictor:
     config = json.loads(meta)
     spec = SymmetrySpec.from_json(config.pop("spec"))
     config.pop("signature", None)
-    config.pop("format", None)
+    if config.pop("format", None) != FORMAT:
+        raise WsymInputError(
+            f"{path} was written by another version of wsym's meta-network (format "
+            f"{json.loads(meta).get('format')}, this wsym reads {FORMAT}); retrain it with "
+            "`wsym metanet train`"
+        )
     schema = GraphSchema.from_spec(spec)
     net = network_for(schema, config["hidden"], config["layers"], len(config["targets"]))
     net.load_state_dict(tensors)
