@@ -7,6 +7,12 @@
 * :mod:`~wsym.metanet.baselines` -- StatNN, flat MLP, NFN, sharpness predictors.
 """
 
+import warnings
+
+with warnings.catch_warnings():  # torch-geometric calls the deprecated torch.jit.script on import
+    warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
+    import torch_geometric  # noqa: F401
+
 from wsym.metanet.fit import fit
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
