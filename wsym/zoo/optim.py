@@ -170,24 +170,15 @@ def _sgd(p, g, state, neg_lr, wd, t) -> None:
 def _adam(p, g, state, neg_lr, wd, t) -> None:
     """``torch.optim.Adam``'s update, per-member ``lr`` and coupled weight decay ``wd``."""
     g = torch._foreach_addcmul(g, p, wd)
-    m, v = state["m"], state["v"]
-    torch._foreach_lerp_(m, g, 1 - BETA1)
-    torch._foreach_mul_(v, BETA2)
-    torch._foreach_addcmul_(v, g, g, value=1 - BETA2)
-    denom = torch._foreach_sqrt(v)
-    torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
-    torch._foreach_add_(denom, EPS)
-    direction = torch._foreach_div(m, denom)
-    torch._foreach_mul_(direction, 1 / (1 - BETA1**t))  # as _mixed: the same bits
+    direction = _adam_direction(g, state["m"], state["v"], t)
     torch._foreach_addcmul_(p, direction, neg_lr)
 
 
-def _mixed(p, g, state, neg_lr, wd, t) -> None:
-    """Both rules on every element, each element keeping its member's (``state["adam"]``)."""
-    g = torch._foreach_addcmul(g, p, wd)
-    b, m, v = state["b"], state["m"], state["v"]
-    torch._foreach_mul_(b, MOMENTUM)
-    torch._foreach_add_(b, g)
+def _adam_direction(g, m, v, t) -> list:
+    """Adam's bias-corrected direction, updating the moments ``m`` and ``v`` with ``g``.
+
+    Shared by :func:`_adam` and :func:`_mixed`, so both give the same bits.
+    """
     torch._foreach_lerp_(m, g, 1 - BETA1)
     torch._foreach_mul_(v, BETA2)
     torch._foreach_addcmul_(v, g, g, value=1 - BETA2)
@@ -196,6 +187,16 @@ def _mixed(p, g, state, neg_lr, wd, t) -> None:
     torch._foreach_add_(denom, EPS)
     direction = torch._foreach_div(m, denom)
     torch._foreach_mul_(direction, 1 / (1 - BETA1**t))
+    return direction
+
+
+def _mixed(p, g, state, neg_lr, wd, t) -> None:
+    """Both rules on every element, each element keeping its member's (``state["adam"]``)."""
+    g = torch._foreach_addcmul(g, p, wd)
+    b = state["b"]
+    torch._foreach_mul_(b, MOMENTUM)
+    torch._foreach_add_(b, g)
+    direction = _adam_direction(g, state["m"], state["v"], t)
     for d, adam, momentum in zip(direction, state["adam"], b, strict=True):
         torch.where(adam, d, momentum, out=d)
     torch._foreach_addcmul_(p, direction, neg_lr)
