@@ -90,10 +90,15 @@ def hessian_probe_products(
     seed: int,
     chunk_size: int,
     mode: HvpMode = "reverse",
+    scale: Params | None = None,
 ) -> Iterator[tuple[Params, Params]]:
-    """Pairs ``(V, HV)`` of stacked probes and their Hessian-vector products."""
+    r"""Pairs ``(V, HV)`` of stacked probes and their Hessian-vector products.
+
+    With ``scale`` :math:`s`, the products are :math:`H (s \odot V)` instead.
+    """
     for vs in probe_chunks(params, probes, seed, chunk_size):
-        yield vs, hvp_many(model, params, batches, loss_fn, vs, chunk_size=chunk_size, mode=mode)
+        ws = vs if scale is None else {n: v * scale[n] for n, v in vs.items()}
+        yield vs, hvp_many(model, params, batches, loss_fn, ws, chunk_size=chunk_size, mode=mode)
 
 
 def diagonal_hessian(
@@ -138,14 +143,16 @@ def diagonal_hessian(
         {'weight': tensor([[1., 4.]])}
     """
     params = model_params(model) if params is None else params
-    s = {n: torch.ones_like(p) for n, p in params.items()} if scale is None else dict(scale)
-    s = {n: torch.where(t == 0, torch.ones_like(t), t) for n, t in s.items()}
+    if scale is not None:
+        scale = {n: torch.where(t == 0, torch.ones_like(t), t) for n, t in scale.items()}
     diag = {n: torch.zeros_like(p) for n, p in params.items()}
-    for vs in probe_chunks(params, probes, seed, chunk_size):
-        scaled = {n: v * s[n] for n, v in vs.items()}
-        hvs = hvp_many(model, params, batches, loss_fn, scaled, chunk_size=chunk_size, mode=mode)
+    for vs, hvs in hessian_probe_products(
+        model, params, batches, loss_fn, probes, seed, chunk_size, mode, scale
+    ):
         for n in diag:
-            diag[n] += (vs[n] * hvs[n]).sum(0) / s[n]
+            diag[n] += (vs[n] * hvs[n]).sum(0)
+    if scale is not None:
+        diag = {n: d / scale[n] for n, d in diag.items()}
     return {n: d * probe_scale(probes) for n, d in diag.items()}
 
 
