@@ -9,12 +9,32 @@ import torch
 
 from wsym.detect.analyze import analyze
 from wsym.detect.solve import solve
-from wsym.errors import SymmetryWarning
+from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.graph.networkx import to_networkx
 from wsym.graph.trace import trace
 from wsym.graph.trace_types import Traced
 from wsym.spec import SymmetrySpec
 from wsym.verify import Probe, screen, tied_keys
+
+
+def spec_or_detect(spec: SymmetrySpec | None, model, example_inputs, who: str) -> SymmetrySpec:
+    """``spec``, or the symmetries detected on ``example_inputs``; a clear error without both.
+
+    Args:
+        spec: the spec, if the caller has one.
+        model: the module, or a zero-argument callable returning it (built only if needed).
+        example_inputs: inputs to detect on.
+        who: the caller's name, for the error message.
+    """
+    if spec is not None:
+        return spec
+    if example_inputs is None:
+        raise WsymInputError(
+            f"{who} needs the model's symmetries: pass spec=wsym.detect(model, inputs) "
+            "or example_inputs=<a batch of inputs>"
+        )
+    module = model if isinstance(model, torch.nn.Module) else model()
+    return detect(module, example_inputs)
 
 
 def detect(

@@ -20,23 +20,13 @@ import time
 import torch
 from torch import nn
 
-from wsym.detect import detect
+from wsym.detect import spec_or_detect
 from wsym.errors import WsymInputError
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.layers import stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.spec import SymmetrySpec
-
-
-def resolve_spec(factory, example_inputs=None, spec: SymmetrySpec | None = None) -> SymmetrySpec:
-    """The spec given, or detected on ``factory`` (a module or a zero-argument callable)."""
-    if spec is not None:
-        return spec
-    if example_inputs is None:
-        raise WsymInputError("fit needs example_inputs= (to detect the symmetries) or spec=")
-    model = factory if isinstance(factory, nn.Module) else factory()
-    return detect(model, example_inputs)
 
 
 def fit(
@@ -96,7 +86,7 @@ def fit(
         >>> p.predict(sds).shape
         torch.Size([8])
     """
-    spec = resolve_spec(factory, example_inputs, spec)
+    spec = spec_or_detect(spec, factory, example_inputs, "wsym.metanet.fit")
     y = torch.as_tensor(targets, dtype=torch.float64)
     y = y[:, None] if y.ndim == 1 else y
     if len(y) != len(state_dicts) or len(state_dicts) < 2:

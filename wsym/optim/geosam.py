@@ -46,26 +46,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from wsym.detect import spec_or_detect
 from wsym.errors import WsymInputError
 from wsym.optim.base import SharpnessAware
 from wsym.sharpness import Geodesic
 from wsym.spec import SymmetrySpec
 
 GEO_METRICS = ("invariant", "mixed")
-
-
-def resolve_spec(model: nn.Module, spec: SymmetrySpec | None, example_inputs: Any, who: str):
-    """``spec``, or the spec detected on ``example_inputs``; a clear error without both."""
-    if spec is not None:
-        return spec
-    if example_inputs is None:
-        raise WsymInputError(
-            f"{who} needs the model's symmetries: pass spec=wsym.detect(model, inputs) "
-            "or example_inputs=<a batch of inputs>"
-        )
-    from wsym.detect import detect
-
-    return detect(model, example_inputs)
 
 
 class GeoSAM(SharpnessAware):
@@ -100,7 +87,7 @@ class GeoSAM(SharpnessAware):
         if metric not in GEO_METRICS:
             raise WsymInputError(f"unknown metric {metric!r}; use one of {', '.join(GEO_METRICS)}")
         super().__init__(model, base_optimizer, rho, **kwargs)
-        self.spec = resolve_spec(model, spec, example_inputs, "GeoSAM")
+        self.spec = spec_or_detect(spec, model, example_inputs, "GeoSAM")
         self.metric = metric
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         if not self._geometry(self.params).blocks:
