@@ -26,9 +26,10 @@ def section(ctx: Context, doc: Document) -> dict:
     test = ctx.batches("test", 2 if ctx.quick else 4)
     steps = 5 if ctx.quick else 11
     with ctx.bar(5, "align and merge") as bar:
-        canon_a = canonicalize(sd_a, ctx.spec)
-        bar.update()
         by_weights = align(sd_a, sd_b, ctx.spec, method="weights")
+        bar.update()
+        canon_b, canon_aligned = (canonicalize(sd, ctx.spec) for sd in (sd_b, by_weights))
+        same = max(float((canon_aligned[k] - canon_b[k]).abs().max()) for k in canon_b)
         bar.update()
         by_acts = align(sd_a, sd_b, ctx.spec, method="activations", model=model, batches=train)
         bar.update()
@@ -46,10 +47,6 @@ def section(ctx: Context, doc: Document) -> dict:
             "wsym.merge": _accuracy(ctx, a, merged, test),
         }
         bar.update()
-    same = max(
-        float((canonicalize(by_weights, ctx.spec)[k] - canonicalize(sd_b, ctx.spec)[k]).abs().max())
-        for k in canon_a
-    )
     doc.heading("2. Canonicalize, align and merge two members")
     doc.paragraph(
         f"Members {a} and {b} (the two best on test). Alignment moves member {b} onto member "
