@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -31,14 +31,11 @@ class Context:
     seed: int = 0
     quick: bool = False
     progress: bool = True
-    _data: Any = field(default=None, repr=False)
 
     @property
     def data(self) -> Any:
-        """The zoo's dataset (loaded once)."""
-        if self._data is None:
-            self._data = self.zoo.dataset()
-        return self._data
+        """The zoo's dataset (the zoo caches it)."""
+        return self.zoo.dataset()
 
     @property
     def regression(self) -> bool:
