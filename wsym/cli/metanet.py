@@ -18,9 +18,10 @@ from typing import Any
 
 from wsym.cli.common import EXIT_OK, add_command
 from wsym.errors import WsymInputError
+from wsym.resources import MODELS
 
 #: The shipped meta-network ``wsym predict`` uses without ``--metanet``.
-DEFAULT_METANET = Path(__file__).resolve().parents[2] / "models" / "metanet-mnist1d-mlp.safetensors"
+DEFAULT_METANET = MODELS / "metanet-mnist1d-mlp.safetensors"
 
 #: Default predictors of ``metanet eval`` (as :data:`wsym.metanet.evaluate.PREDICTORS`;
 #: spelled out here so that the parser does not import torch-geometric).

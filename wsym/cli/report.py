@@ -15,9 +15,10 @@ from typing import Any
 
 from wsym.cli.common import EXIT_ERROR, EXIT_OK, add_command
 from wsym.errors import WsymInputError
+from wsym.resources import ZOOS
 
 #: The zoo the main job runs on when ``--zoo`` is not given (shipped in ``data/``).
-DEFAULT_ZOO = Path(__file__).resolve().parents[2] / "data" / "zoos" / "mnist1d-mlp"
+DEFAULT_ZOO = ZOOS / "mnist1d-mlp"
 
 _EXAMPLE = f"""\
 examples:

@@ -9,9 +9,7 @@ import torch
 from wsym.errors import WsymInputError
 from wsym.report.context import Context
 from wsym.report.document import Document
-
-#: Where shipped meta-networks live: ``models/metanet-<preset>.safetensors``.
-MODELS = Path(__file__).resolve().parents[2] / "models"
+from wsym.resources import MODELS
 
 
 def section(ctx: Context, doc: Document, path: str | Path | None = None) -> dict:

@@ -35,9 +35,8 @@ from typing import Any
 import numpy as np
 
 from wsym.errors import WsymInputError
+from wsym.resources import PRESETS
 
-#: Directory of the bundled presets (``data/presets`` at the repository root).
-PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "presets"
 #: Hyperparameters every preset samples (or fixes) for each member.
 REQUIRED = (
     "optimizer",
@@ -64,7 +63,7 @@ _KEYS = (
 
 def preset_names() -> list[str]:
     """Names of the bundled presets, sorted."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+    return sorted(p.stem for p in PRESETS.glob("*.json"))
 
 
 def load_preset(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -78,7 +77,7 @@ def load_preset(name: str, overrides: dict[str, Any] | None = None) -> dict[str,
     Returns:
         The preset as a dict, with ``"name"`` set.
     """
-    path = Path(name) if name.endswith(".json") else PRESET_DIR / f"{name}.json"
+    path = Path(name) if name.endswith(".json") else PRESETS / f"{name}.json"
     if not path.is_file():
         raise WsymInputError(
             f"unknown zoo preset {name!r}; use one of {', '.join(preset_names())} "
