@@ -264,28 +264,72 @@ def scatter(
 class Quotient:
     """GL and GL(1) blocks of a parameter dict and the mask of the entries they cover.
 
+    Blocks with the same leading dims and ``h`` are also held as one *stack*
+    (:attr:`stacks`: a :class:`~wsym.geometry.Pair` with one more leading dim, rows
+    zero-padded to the longest factor of the stack), so that the geometry runs once
+    per stack rather than once per block: every function of :mod:`wsym.geometry`
+    treats leading dims as independent blocks, and zero rows (of the block and of
+    every tangent built from gradients, metrics and Christoffel terms) stay zero and
+    change no Gram matrix. Only a draw that mixes rows must be masked (:attr:`rows`).
+
     Attributes:
         spec: the symmetry spec.
         params: ``{name: tensor}`` the blocks were read from.
         blocks: ``[(group index, Pair(G, H))]``.
+        members: per stack, the positions in :attr:`blocks` of its blocks.
+        stacks: per stack, ``Pair(G (k, *index, r, h), H (k, *index, r, h))``.
+        rows: per stack, ``Pair`` of 0/1 row masks ``(k, *index, r, 1)`` (None: no padding).
         covered: ``{name: bool tensor}``, True on entries inside some GL or GL(1) block.
+
+    Example:
+        >>> import torch, wsym
+        >>> from wsym.reference import TinyTransformer
+        >>> model = TinyTransformer(depth=2).double()
+        >>> spec = wsym.detect(model, torch.randn(2, 10, 4, dtype=torch.float64))
+        >>> q = Quotient(spec, {n: p.detach() for n, p in model.named_parameters()})
+        >>> len(q.blocks), [tuple(s.G.shape) for s in q.stacks]
+        (5, [(4, 4, 33, 8), (1, 32, 10, 1)])
     """
 
     def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):
         self.spec, self.params = spec, params
         self.blocks = gather(spec, params)
-        # number every block entry (1, 2, ... in flattened G, H order) and scatter the
-        # numbers once: afterwards scattering is one index_copy per parameter
-        codes, offset = [], 1
-        for i, b in self.blocks:
-            code = []
-            for M in b:
-                code.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
+        by_shape: dict[tuple, list[int]] = {}
+        for j, (_, b) in enumerate(self.blocks):
+            by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1]), []).append(j)
+        self.members = list(by_shape.values())
+        self._rows = [
+            max(M.shape[-2] for j in js for M in self.blocks[j][1]) for js in self.members
+        ]
+        self.stacks = [self._stack([self.blocks[j][1] for j in js], r) for js, r in self._stacked()]
+        self.rows = [
+            None
+            if all(M.shape[-2] == r for j in js for M in self.blocks[j][1])
+            else self._stack(
+                [Pair(*(torch.ones_like(M[..., :1]) for M in self.blocks[j][1])) for j in js], r
+            )
+            for js, r in self._stacked()
+        ]
+        # number every stacked entry (1, 2, ... in flattened G, H order, padding included)
+        # and scatter the numbers of the blocks' own entries once: afterwards gathering
+        # and scattering are one indexing per parameter
+        codes: list = [None] * len(self.blocks)
+        offset = 1
+        for (js, _), stack in zip(self._stacked(), self.stacks, strict=True):
+            parts = []
+            for M in stack:
+                parts.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
                 offset += M.numel()
-            codes.append((i, Pair(code[0].reshape(b.G.shape), code[1].reshape(b.H.shape))))
+            G, H = parts[0].reshape(stack.G.shape), parts[1].reshape(stack.H.shape)
+            for k, j in enumerate(js):
+                i, b = self.blocks[j]
+                codes[j] = (i, Pair(G[k][..., : b.G.shape[-2], :], H[k][..., : b.H.shape[-2], :]))
         like = {p: torch.zeros(t.shape, dtype=torch.float64) for p, t in params.items()}
         placed = scatter(spec, codes, like)
         self.covered = {p: (t != 0).to(params[p].device) for p, t in placed.items()}
+        self._total = offset - 1
+        # per parameter touched: positions in it and in the stacked values, so that
+        # gathering and scattering are one index_select and one index_copy_ each
         self._index: dict[str, tuple[Tensor, Tensor]] = {}
         for p, t in placed.items():
             dst = t.reshape(-1).nonzero().squeeze(1)
@@ -293,34 +337,58 @@ class Quotient:
                 src = t.reshape(-1)[dst].long() - 1
                 self._index[p] = (dst.to(params[p].device), src.to(params[p].device))
 
-    def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
-        """One pair per block read from parameter-shaped ``tensors`` (adjoint of :meth:`scatter`).
+    def _stacked(self):
+        return zip(self.members, self._rows, strict=True)
 
-        ``gather(params)`` returns the blocks themselves; for a gradient with respect
-        to the parameters it returns the gradient with respect to the blocks.
+    @staticmethod
+    def _stack(pairs: list, rows: int) -> Pair:
+        """Pairs stacked on a new first dim, their rows zero-padded to ``rows``."""
+        return Pair(
+            *(
+                torch.stack(
+                    [torch.nn.functional.pad(p[k], (0, 0, 0, rows - p[k].shape[-2])) for p in pairs]
+                )
+                for k in (0, 1)
+            )
+        )
+
+    def gather_stacks(self, tensors: dict[str, Tensor]) -> list[Pair]:
+        """One stacked pair per stack read from parameter-shaped ``tensors``.
+
+        The adjoint of :meth:`scatter_stacks`: ``gather_stacks(params)`` returns the
+        stacks themselves; for a gradient with respect to the parameters it returns
+        the gradient with respect to the stacked blocks (zero on padding rows).
         """
         like = next(iter(tensors.values()))
-        total = sum(M.numel() for _, b in self.blocks for M in b)
-        values = torch.zeros(total, dtype=like.dtype, device=like.device)
+        values = torch.zeros(self._total, dtype=like.dtype, device=like.device)
         for p, (dst, src) in self._index.items():
-            values[src] = tensors[p].reshape(-1)[dst]
+            values.index_copy_(0, src, tensors[p].reshape(-1).index_select(0, dst))
         out, offset = [], 0
-        for _, b in self.blocks:
+        for s in self.stacks:
             parts = []
-            for M in b:
+            for M in s:
                 parts.append(values[offset : offset + M.numel()].reshape(M.shape))
                 offset += M.numel()
             out.append(Pair(*parts))
         return out
 
-    def scatter(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
-        """Write one pair per block (in :attr:`blocks` order) into parameter-shaped tensors.
+    def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
+        """One pair per block (in :attr:`blocks` order), as :meth:`gather_stacks`."""
+        out: list = [None] * len(self.blocks)
+        for js, s in zip(self.members, self.gather_stacks(tensors), strict=True):
+            for k, j in enumerate(js):
+                b = self.blocks[j][1]
+                out[j] = Pair(s.G[k][..., : b.G.shape[-2], :], s.H[k][..., : b.H.shape[-2], :])
+        return out
+
+    def scatter_stacks(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
+        """Write one stacked pair per stack into parameter-shaped tensors (padding dropped).
 
         Differentiable in ``tangents``. With ``touched_only`` the parameters that no
         block covers (all zero) are left out of the result.
         """
-        if len(tangents) != len(self.blocks):
-            raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
+        if len(tangents) != len(self.stacks):
+            raise ValueError(f"expected {len(self.stacks)} stacked pairs, got {len(tangents)}")
         flat = [M.reshape(-1) for t in tangents for M in t]
         values = torch.cat(flat) if flat else None
         out = {}
@@ -328,7 +396,14 @@ class Quotient:
             if p in self._index:
                 dst, src = self._index[p]
                 zero = torch.zeros(t.numel(), dtype=values.dtype, device=values.device)
-                out[p] = zero.index_copy(0, dst, values[src]).reshape(t.shape)
+                out[p] = zero.index_copy_(0, dst, values.index_select(0, src)).reshape(t.shape)
             elif not touched_only:
                 out[p] = torch.zeros_like(t)
         return out
+
+    def scatter(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
+        """Write one pair per block (in :attr:`blocks` order), as :meth:`scatter_stacks`."""
+        if len(tangents) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
+        stacked = [self._stack([tangents[j] for j in js], r) for js, r in self._stacked()]
+        return self.scatter_stacks(stacked, touched_only)

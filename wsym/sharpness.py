@@ -228,7 +228,7 @@ class Geodesic(Adaptive):
         quotient = Quotient(spec, params)
         super().__init__(params, quotient.covered)
         self.quotient, self.metric = quotient, metric
-        self.blocks = [b for _, b in quotient.blocks]
+        self.blocks = quotient.stacks  # equal-shape blocks stacked: one solve per stack
 
     def coordinates(self):
         """Parameters, then the GL blocks' G and H."""
@@ -256,7 +256,7 @@ class Geodesic(Adaptive):
         """Geodesic step on GL blocks, straight step elsewhere."""
         out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
         moves = [self.move(blk, x) for blk, x in zip(self.blocks, self._pairs(xi), strict=True)]
-        for n, d in self.quotient.scatter(moves, touched_only=True).items():
+        for n, d in self.quotient.scatter_stacks(moves, touched_only=True).items():
             out[n] = out[n] + d
         return out
 
@@ -272,7 +272,7 @@ class Geodesic(Adaptive):
 
     def _pullback(self, pairs: list[Pair], grads: list[Tensor]) -> Tangent:
         out = self._masked(grads)
-        pulled = self.quotient.gather(dict(zip(self.names, grads, strict=True)))
+        pulled = self.quotient.gather_stacks(dict(zip(self.names, grads, strict=True)))
         closed = type(self).move is Geodesic.move
         for blk, x, g in zip(self.blocks, pairs, pulled, strict=True):
             if closed:
@@ -291,7 +291,7 @@ class Geodesic(Adaptive):
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
         out = super().random(gen)
-        for G, H in self.blocks:
+        for (G, H), rows in zip(self.blocks, self.quotient.rows, strict=True):
             lead, n, m = G.shape[:-2], G.shape[-2], H.shape[-2]
             if self.metric == "invariant":  # xi = M G: Gaussian in metric coordinates
                 xG = _randn(G, gen, (*lead, n, n)) @ G
@@ -299,6 +299,8 @@ class Geodesic(Adaptive):
             else:  # xi_G = M H Q^-1 transforms like G under GL
                 xG = Gram.of(H, EPS).solve(_randn(G, gen, (*lead, n, m)) @ H, left=False)
                 xH = Gram.of(G, EPS).solve(_randn(H, gen, (*lead, m, n)) @ G, left=False)
+            if rows is not None:  # the draws mix rows: keep the padding rows zero
+                xG, xH = xG * rows.G, xH * rows.H
             out.extend(horizontal((G, H), (xG, xH), self.metric, EPS))
         return out
 

@@ -145,22 +145,23 @@ class Gram:
         return self.raw + self.shift[..., None, None] * eye
 
     @cached_property
-    def _cholesky(self) -> Tensor | None:
+    def inverse(self) -> Tensor | None:
+        """``P^{-1}`` from the Cholesky factor of ``P``; None where ``P`` is not numerically PD."""
         factor, info = torch.linalg.cholesky_ex(self.matrix)
-        return factor if not bool(info.any()) else None
+        return None if bool(info.any()) else torch.cholesky_inverse(factor)
 
     def solve(self, X: Tensor, left: bool = True) -> Tensor:
         """``P^{-1} X`` (or ``X P^{-1}`` with ``left=False``); inf/NaN if ``P`` is singular.
 
-        Through the Cholesky factor of ``P`` (computed once), or an LU solve where
-        ``P`` is not numerically positive definite (``eps = 0`` on a singular block).
+        A product with the inverse (computed once per base point from the Cholesky
+        factor: an ascent solves with the same few small matrices many times), or an
+        LU solve where ``P`` is not numerically positive definite (``eps = 0`` on a
+        singular block).
         """
-        L = self._cholesky
-        if L is None:
+        inv = self.inverse
+        if inv is None:
             return torch.linalg.solve_ex(self.matrix, X, left=left)[0]
-        if left:
-            return torch.cholesky_solve(X, L)
-        return torch.cholesky_solve(X.mT, L).mT
+        return inv @ X if left else X @ inv
 
     def eigh(self) -> tuple[Tensor, Tensor]:
         """Eigenvalues ``p`` (of ``M^T M``, clamped at 0) and orthonormal eigenvectors ``U``."""

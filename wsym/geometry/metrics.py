@@ -65,6 +65,8 @@ def inner(
         return KG.diagonal(dim1=-2, dim2=-1).sum(-1) + KH.diagonal(dim1=-2, dim2=-1).sum(-1)
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
     if metric == "invariant":
+        if P.inverse is not None and Q.inverse is not None:
+            return _trace_product(P.inverse, KG) + _trace_product(Q.inverse, KH)
         tr_G = P.solve(KG).diagonal(dim1=-2, dim2=-1).sum(-1)
         return tr_G + Q.solve(KH).diagonal(dim1=-2, dim2=-1).sum(-1)
     return _trace_product(Q.matrix, KG) + _trace_product(P.matrix, KH)
