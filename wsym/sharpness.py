@@ -67,7 +67,7 @@ from wsym.geometry import (
     Gram,
     Pair,
     christoffel,
-    geodesic_step_vjp,
+    geodesic_step_linearized,
     horizontal,
     inner,
     riemannian_gradient,
@@ -209,7 +209,8 @@ class Adaptive(Perturbation):
         """Metric inner product (0-dim)."""
         if not self.names:
             return torch.zeros((), dtype=torch.float64)
-        return (self._flat(a) * self._flat(b) * self._inv).sum()
+        fa = self._flat(a)
+        return torch.dot(fa * self._inv, fa if b is a else self._flat(b))
 
     def gradient(self, g):
         """Riemannian gradient from the Euclidean one."""
@@ -254,8 +255,11 @@ class Geodesic(Adaptive):
 
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
+        pairs = zip(self.blocks, self._pairs(xi), strict=True)
+        return self._point(xi, [self.move(b, x) for b, x in pairs])
+
+    def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
         out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
-        moves = [self.move(blk, x) for blk, x in zip(self.blocks, self._pairs(xi), strict=True)]
         for n, d in self.quotient.scatter_stacks(moves, touched_only=True).items():
             out[n] = out[n] + d
         return out
@@ -263,24 +267,37 @@ class Geodesic(Adaptive):
     def linearize(self, xi):
         """``point(xi)`` and its pullback: masked on plain entries, a VJP per block.
 
-        The block VJP is :func:`wsym.geometry.geodesic_step_vjp` (closed form) for the
-        second-order step, autograd through :meth:`move` where a subclass replaces it.
+        The block VJP is :func:`wsym.geometry.geodesic_step_linearized` (closed form,
+        sharing its products with the step) for the second-order step, autograd
+        through :meth:`move` where a subclass replaces it.
         """
         pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
+        if type(self).move is Geodesic.move:
+            steps = [
+                geodesic_step_linearized(b, x, self.metric, EPS)
+                for b, x in zip(self.blocks, pairs, strict=True)
+            ]
+            moves, vjps = [m for m, _ in steps], [v for _, v in steps]
+        else:
+            moves = [self.move(b, x) for b, x in zip(self.blocks, pairs, strict=True)]
+            vjps = [self._autograd_vjp(b, x) for b, x in zip(self.blocks, pairs, strict=True)]
         with torch.no_grad():
-            return self.point(xi), lambda grads: self._pullback(pairs, grads)
+            return self._point(xi, moves), lambda grads: self._pullback(vjps, grads)
 
-    def _pullback(self, pairs: list[Pair], grads: list[Tensor]) -> Tangent:
+    def _autograd_vjp(self, block: Pair, xi: Pair) -> Callable:
+        xi = Pair(xi.G.clone().requires_grad_(True), xi.H.clone().requires_grad_(True))
+
+        def vjp(g: Pair) -> Pair:
+            with torch.enable_grad():
+                return Pair(*torch.autograd.grad(self.move(block, xi), xi, grad_outputs=g))
+
+        return vjp
+
+    def _pullback(self, vjps: list[Callable], grads: list[Tensor]) -> Tangent:
         out = self._masked(grads)
         pulled = self.quotient.gather_stacks(dict(zip(self.names, grads, strict=True)))
-        closed = type(self).move is Geodesic.move
-        for blk, x, g in zip(self.blocks, pairs, pulled, strict=True):
-            if closed:
-                out.extend(geodesic_step_vjp(blk, x, g, self.metric, EPS))
-                continue
-            x = Pair(x.G.requires_grad_(True), x.H.requires_grad_(True))
-            with torch.enable_grad():
-                out.extend(torch.autograd.grad(self.move(blk, x), x, grad_outputs=g))
+        for vjp, g in zip(vjps, pulled, strict=True):
+            out.extend(vjp(g))
         return out
 
     def move(self, block: Pair, xi: Pair) -> Pair:

@@ -16,7 +16,12 @@ The formulas are in ``GEOMETRY.md`` and in each module's docstring.
 
 from wsym.geometry.block import DEFAULT_EPS, METRICS, Gram, Metric, Pair, act, vertical
 from wsym.geometry.conserved import conserved
-from wsym.geometry.geodesic import christoffel, geodesic_step, geodesic_step_vjp
+from wsym.geometry.geodesic import (
+    christoffel,
+    geodesic_step,
+    geodesic_step_linearized,
+    geodesic_step_vjp,
+)
 from wsym.geometry.gradient import adaptive_gradient, riemannian_gradient
 from wsym.geometry.horizontal import horizontal, horizontal_lambda
 from wsym.geometry.metrics import adaptive_inner, adaptive_norm, inner, norm
@@ -34,6 +39,7 @@ __all__ = [
     "christoffel",
     "conserved",
     "geodesic_step",
+    "geodesic_step_linearized",
     "geodesic_step_vjp",
     "horizontal",
     "horizontal_lambda",

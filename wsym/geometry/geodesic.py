@@ -19,18 +19,74 @@ geodesics ``(u, v) e^{bt}`` (invariant) and ``(u, v) sqrt(1 + 2bt)`` (mixed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from wsym.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric
 
 
-def _invariant_part(M: Tensor, xi: Tensor, eps: float) -> Tensor:
-    """``-xi P^{-1} (xi^T M + M^T xi) + M P^{-1} xi^T xi`` with ``P = M^T M + s I``."""
-    cross = xi.mT @ M
+def _sym(M: Tensor) -> Tensor:
+    return M + M.mT
+
+
+def _invariant_factor(M: Tensor, xi: Tensor, eps: float) -> tuple[Tensor, Callable]:
+    """One decoupled factor of the invariant metric: its ``Gamma`` part and that part's VJP.
+
+    ``Gamma = -xi P^{-1} S + M P^{-1} xi^T xi`` with ``S = xi^T M + M^T xi`` and
+    ``P = M^T M + s I``; the VJP returns ``g - (d/dv Gamma(xi, xi)/2 [v])^T g``.
+    """
+    P = Gram.of(M, eps)
+    S = _sym(xi.mT @ M)
     h = M.shape[-1]
-    Z = Gram.of(M, eps).solve(torch.cat([cross + cross.mT, xi.mT @ xi], dim=-1))
-    return -xi @ Z[..., :h] + M @ Z[..., h:]
+    Z = P.solve(torch.cat([S, xi.mT @ xi], dim=-1))
+    gamma = -xi @ Z[..., :h] + M @ Z[..., h:]
+
+    def vjp(g: Tensor) -> Tensor:
+        W = P.solve(torch.cat([xi.mT @ g, M.mT @ g], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
+        adj = -0.5 * g @ P.solve(S, left=False) - 0.5 * M @ _sym(W[..., :h])
+        return g - (adj + 0.5 * xi @ _sym(W[..., h:]))
+
+    return gamma, vjp
+
+
+def _mixed(block: Pair, xi: Pair, eps: float) -> tuple[Pair, Callable]:
+    """``Gamma(xi, xi)`` of the mixed metric and the VJP of the step (G and H coupled)."""
+    (G, H), (xG, xH) = block, xi
+    P, Q = Gram.of(G, eps), Gram.of(H, eps)
+    S_G, S_H = _sym(xG.mT @ G), _sym(xH.mT @ H)
+    gamma = Pair(
+        xG @ Q.solve(S_H, left=False) - G @ Q.solve(xH.mT @ xH, left=False),
+        xH @ P.solve(S_G, left=False) - H @ P.solve(xG.mT @ xG, left=False),
+    )
+
+    def vjp(g: Pair) -> Pair:
+        gG, gH = g
+        # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
+        M_G, N_G = Q.solve(xG.mT @ gG, left=False), Q.solve(G.mT @ gG, left=False)
+        M_H, N_H = P.solve(xH.mT @ gH, left=False), P.solve(H.mT @ gH, left=False)
+        adj_G = 0.5 * (gG @ Q.solve(S_H) + G @ _sym(M_H) - xG @ _sym(N_H))
+        adj_H = 0.5 * (gH @ P.solve(S_G) + H @ _sym(M_G) - xH @ _sym(N_G))
+        return Pair(gG - adj_G, gH - adj_H)
+
+    return gamma, vjp
+
+
+def _linearized(block: Pair, xi: Pair, metric: str, eps: float) -> tuple[Pair, Callable]:
+    """``Gamma(xi, xi)`` and the VJP of the step ``xi -> xi - Gamma(xi, xi) / 2``.
+
+    The two share their products with ``xi`` (computed once), which is what an
+    ascent needs at every step: the moved point, then the pullback of its gradient.
+    """
+    metric = check_metric(metric)
+    if metric == "euclidean":
+        return Pair(torch.zeros_like(xi.G), torch.zeros_like(xi.H)), lambda g: Pair(*g)
+    if metric == "mixed":
+        return _mixed(block, xi, eps)
+    gamma_G, vjp_G = _invariant_factor(block.G, xi.G, eps)
+    gamma_H, vjp_H = _invariant_factor(block.H, xi.H, eps)
+    return Pair(gamma_G, gamma_H), lambda g: Pair(vjp_G(g[0]), vjp_H(g[1]))
 
 
 def christoffel(
@@ -55,18 +111,7 @@ def christoffel(
         >>> christoffel((u, v), (0.5 * u, 0.5 * v), "invariant", eps=0)  # -b^2 (u, v)
         Pair(G=tensor([[-0.5000]]), H=tensor([[-0.7500]]))
     """
-    G, H = as_pair(block)
-    xG, xH = as_pair(xi)
-    metric = check_metric(metric)
-    if metric == "euclidean":
-        return Pair(torch.zeros_like(xG), torch.zeros_like(xH))
-    if metric == "invariant":
-        return Pair(_invariant_part(G, xG, eps), _invariant_part(H, xH, eps))
-    P, Q = Gram.of(G, eps), Gram.of(H, eps)
-    cross_H, cross_G = xH.mT @ H, xG.mT @ G
-    gamma_G = xG @ (cross_H + cross_H.mT) - G @ (xH.mT @ xH)
-    gamma_H = xH @ (cross_G + cross_G.mT) - H @ (xG.mT @ xG)
-    return Pair(Q.solve(gamma_G, left=False), P.solve(gamma_H, left=False))
+    return _linearized(as_pair(block), as_pair(xi), metric, eps)[0]
 
 
 def geodesic_step(
@@ -101,20 +146,6 @@ def geodesic_step(
     return Pair(G + xG - 0.5 * gamma.G, H + xH - 0.5 * gamma.H)
 
 
-def _sym(M: Tensor) -> Tensor:
-    return M + M.mT
-
-
-def _invariant_vjp(M: Tensor, xi: Tensor, g: Tensor, eps: float) -> Tensor:
-    """``g - (d/dv Gamma(xi, xi)/2 [v])^T g`` for one decoupled factor (invariant metric)."""
-    P = Gram.of(M, eps)
-    S = _sym(xi.mT @ M)
-    h = M.shape[-1]
-    Z = P.solve(torch.cat([xi.mT @ g, M.mT @ g], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
-    adj = -0.5 * P.solve(g @ S, left=False) - 0.5 * M @ _sym(Z[..., :h])
-    return g - (adj + 0.5 * xi @ _sym(Z[..., h:]))
-
-
 def geodesic_step_vjp(
     block: Pair | tuple[Tensor, Tensor],
     xi: Pair | tuple[Tensor, Tensor],
@@ -147,19 +178,36 @@ def geodesic_step_vjp(
         >>> all(torch.allclose(a, b) for a, b in zip(auto, closed))
         True
     """
-    G, H = as_pair(block)
-    xG, xH = as_pair(xi)
-    gG, gH = as_pair(cotangent)
-    metric = check_metric(metric)
-    if metric == "euclidean":
-        return Pair(gG, gH)
-    if metric == "invariant":
-        return Pair(_invariant_vjp(G, xG, gG, eps), _invariant_vjp(H, xH, gH, eps))
-    P, Q = Gram.of(G, eps), Gram.of(H, eps)
-    tG, tH = Q.solve(gG, left=False), P.solve(gH, left=False)  # g_G Q^-1, g_H P^-1
-    # G output (Gamma_G = xi_G S_H Q^-1 - G xi_H^T xi_H Q^-1, S_H = sym(xi_H^T H))
-    MG, NG = xG.mT @ tG, G.mT @ tG
-    MH, NH = xH.mT @ tH, H.mT @ tH
-    adj_G = 0.5 * tG @ _sym(xH.mT @ H) + 0.5 * G @ _sym(MH) - 0.5 * xG @ _sym(NH)
-    adj_H = 0.5 * tH @ _sym(xG.mT @ G) + 0.5 * H @ _sym(MG) - 0.5 * xH @ _sym(NG)
-    return Pair(gG - adj_G, gH - adj_H)
+    return _linearized(as_pair(block), as_pair(xi), metric, eps)[1](as_pair(cotangent))
+
+
+def geodesic_step_linearized(
+    block: Pair | tuple[Tensor, Tensor],
+    xi: Pair | tuple[Tensor, Tensor],
+    metric: Metric = "invariant",
+    eps: float = DEFAULT_EPS,
+) -> tuple[Pair, Callable[[Pair], Pair]]:
+    """The displacement ``xi - Gamma(xi, xi) / 2`` of :func:`geodesic_step` and its VJP.
+
+    One call gives what :func:`geodesic_step` and :func:`geodesic_step_vjp` give
+    separately, sharing their products with ``xi``.
+
+    Args:
+        block: G ``(..., n, h)``, H ``(..., m, h)``.
+        xi: tangent vector of the same shapes.
+        metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
+        eps: Gram regularization; 0 for exact formulas.
+
+    Returns:
+        ``(displacement, vjp)``: the new block is ``block + displacement``; ``vjp``
+        maps a cotangent at the new block to ``(dL/dxi_G, dL/dxi_H)``.
+
+    Example:
+        >>> G, H = torch.randn(4, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+        >>> xi = (0.1 * torch.randn_like(G), 0.1 * torch.randn_like(H))
+        >>> move, vjp = geodesic_step_linearized((G, H), xi, "invariant")
+        >>> torch.allclose(G + move.G, geodesic_step((G, H), xi, "invariant").G)
+        True
+    """
+    gamma, vjp = _linearized(as_pair(block), as_pair(xi), metric, eps)
+    return Pair(xi[0] - 0.5 * gamma.G, xi[1] - 0.5 * gamma.H), vjp
