@@ -381,11 +381,10 @@ class Quotient:
                 out[j] = Pair(s.G[k][..., : b.G.shape[-2], :], s.H[k][..., : b.H.shape[-2], :])
         return out
 
-    def scatter_stacks(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
+    def scatter_stacks(self, tangents: list[Pair]) -> dict[str, Tensor]:
         """Write one stacked pair per stack into parameter-shaped tensors (padding dropped).
 
-        Differentiable in ``tangents``. With ``touched_only`` the parameters that no
-        block covers (all zero) are left out of the result.
+        Differentiable in ``tangents``.
         """
         if len(tangents) != len(self.stacks):
             raise ValueError(f"expected {len(self.stacks)} stacked pairs, got {len(tangents)}")
@@ -397,13 +396,26 @@ class Quotient:
                 dst, src = self._index[p]
                 zero = torch.zeros(t.numel(), dtype=values.dtype, device=values.device)
                 out[p] = zero.index_copy_(0, dst, values.index_select(0, src)).reshape(t.shape)
-            elif not touched_only:
+            else:
                 out[p] = torch.zeros_like(t)
         return out
 
-    def scatter(self, tangents: list[Pair], touched_only: bool = False) -> dict[str, Tensor]:
+    def add_stacks(self, tensors: dict[str, Tensor], tangents: list[Pair]) -> None:
+        """Add one stacked pair per stack into parameter-shaped ``tensors``, in place.
+
+        ``tensors`` must hold every parameter a block covers and be writable; the same
+        as adding :meth:`scatter_stacks`, without the zero tensors.
+        """
+        flat = [M.reshape(-1) for t in tangents for M in t]
+        if not flat:
+            return
+        values = torch.cat(flat)
+        for p, (dst, src) in self._index.items():
+            tensors[p].view(-1).index_add_(0, dst, values.index_select(0, src))
+
+    def scatter(self, tangents: list[Pair]) -> dict[str, Tensor]:
         """Write one pair per block (in :attr:`blocks` order), as :meth:`scatter_stacks`."""
         if len(tangents) != len(self.blocks):
             raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
         stacked = [self._stack([tangents[j] for j in js], r) for js, r in self._stacked()]
-        return self.scatter_stacks(stacked, touched_only)
+        return self.scatter_stacks(stacked)

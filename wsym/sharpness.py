@@ -259,9 +259,11 @@ class Geodesic(Adaptive):
         return self._point(xi, [self.move(b, x) for b, x in pairs])
 
     def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
-        out = {n: self.params[n] + x for n, x in zip(self.names, self._masked(xi), strict=True)}
-        for n, d in self.quotient.scatter_stacks(moves, touched_only=True).items():
-            out[n] = out[n] + d
+        out = {
+            n: self.params[n] + x if k is None else torch.addcmul(self.params[n], x, k)
+            for n, x, k in zip(self.names, xi, self._partial, strict=False)
+        }
+        self.quotient.add_stacks(out, moves)
         return out
 
     def linearize(self, xi):

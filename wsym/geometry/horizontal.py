@@ -34,12 +34,12 @@ from torch import Tensor
 from wsym.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric
 
 
-def _pinv_divide(C: Tensor, den: Tensor) -> Tensor:
-    """``C / den`` elementwise, 0 where ``den`` is negligible against its maximum."""
+def _pinv_reciprocal(den: Tensor) -> Tensor:
+    """``1 / den`` elementwise, 0 where ``den`` is negligible against its maximum."""
     h = den.shape[-1]
     tol = h * torch.finfo(den.dtype).eps * den.amax((-2, -1), keepdim=True)
     ok = den > tol
-    return torch.where(ok, C / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(C))
+    return torch.where(ok, 1 / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den))
 
 
 def _sym_power(p: Tensor, U: Tensor, power: float) -> Tensor:
@@ -48,19 +48,30 @@ def _sym_power(p: Tensor, U: Tensor, power: float) -> Tensor:
 
 
 def _lambda_euclidean(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor) -> Tensor:
-    p, U = Gram.of(G, 0.0).eigh()
-    q, V = Gram.of(H, 0.0).eigh()
+    P, Q = Gram.of(G, 0.0), Gram.of(H, 0.0)
+    (_, U), (_, V), recip = P.memo(H, "euclidean", lambda: _euclidean_basis(P, Q))
     C = U.mT @ (xH.mT @ H - G.mT @ xG) @ V
-    return U @ _pinv_divide(C, p[..., :, None] + q[..., None, :]) @ V.mT
+    return U @ (C * recip) @ V.mT
+
+
+def _euclidean_basis(P: Gram, Q: Gram) -> tuple:
+    (p, U), (q, V) = P.eigh(), Q.eigh()
+    return (p, U), (q, V), _pinv_reciprocal(p[..., :, None] + q[..., None, :])
 
 
 def _lambda_mixed(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, eps: float) -> Tensor:
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
+    U, V, pe, qe, recip = P.memo(H, "mixed", lambda: _mixed_basis(P, Q))
+    C = pe[..., :, None] * (U.mT @ (xH.mT @ H) @ V) - (U.mT @ (G.mT @ xG) @ V) * qe[..., None, :]
+    return U @ (C * recip) @ V.mT
+
+
+def _mixed_basis(P: Gram, Q: Gram) -> tuple:
+    """Base-point factors of the mixed solve (they do not depend on ``xi``)."""
     (p, U), (q, V) = P.eigh(), Q.eigh()
     pe, qe = p + P.shift[..., None], q + Q.shift[..., None]
-    C = pe[..., :, None] * (U.mT @ xH.mT @ H @ V) - (U.mT @ G.mT @ xG @ V) * qe[..., None, :]
     den = p[..., :, None] * qe[..., None, :] + pe[..., :, None] * q[..., None, :]
-    return U @ _pinv_divide(C, den) @ V.mT
+    return U, V, pe, qe, _pinv_reciprocal(den)
 
 
 def _invariant_basis(P: Gram, Q: Gram) -> tuple[Tensor, ...]:
@@ -75,16 +86,15 @@ def _invariant_basis(P: Gram, Q: Gram) -> tuple[Tensor, ...]:
     d1, W1 = torch.linalg.eigh((S1 + S1.mT) / 2)
     d2, W2 = torch.linalg.eigh((S2 + S2.mT) / 2)
     den = d1.clamp_min(0)[..., :, None] + d2.clamp_min(0)[..., None, :]
-    return P_half @ W1, P_mhalf @ W1, Q_half @ W2, Q_mhalf @ W2, den
+    return P_half @ W1, P_mhalf @ W1, Q_half @ W2, Q_mhalf @ W2, _pinv_reciprocal(den)
 
 
 def _lambda_invariant(G: Tensor, H: Tensor, xG: Tensor, xH: Tensor, eps: float) -> Tensor:
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
-    PW, PmW, QW, QmW, den = P.memo(H, "invariant", lambda: _invariant_basis(P, Q))
+    PW, PmW, QW, QmW, recip = P.memo(H, "invariant", lambda: _invariant_basis(P, Q))
     # W1^T P^{-1/2} B Q^{-1/2} W2 with B = P H^T xi_H - xi_G^T G Q (no cancelled powers)
     C = PW.mT @ (H.mT @ xH) @ QmW - PmW.mT @ (xG.mT @ G) @ QW
-    Y = _pinv_divide(C, den)
-    X = PW @ Y @ QW.mT
+    X = PW @ (C * recip) @ QW.mT
     return X.mT
 
 
