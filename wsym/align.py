@@ -28,7 +28,7 @@ from wsym.act import GroupElement, act
 from wsym.canon import canonical_element
 from wsym.errors import WsymInputError
 from wsym.spec import SymmetrySpec
-from wsym.units import odd_rows, unit_matrix
+from wsym.units import block_classes, odd_rows, unit_matrix
 
 # Canonicalized before matching. Sign conventions read off two different networks need
 # not agree unit by unit, so weight matching also matches signs (signed units).
@@ -116,36 +116,60 @@ def weight_matching(
     the class, units are matched as signed units: pairing ``i`` with ``j`` scores
     ``C_even[i, j] + |C_odd[i, j]|`` (the entries a flip negates counted in
     absolute value), and the matched unit takes the sign of ``C_odd[i, j]``.
+
+    A class whose cost matrix cannot have changed since it was last solved (no
+    class it shares a tensor block with has moved since, itself included where
+    a block holds its axis twice) is not solved again: its assignment would be
+    the identity. The reference's unit matrices are
+    built once.
     """
     if groups is None:
         groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
     signs = {g.cls: i for i, g in enumerate(spec.groups) if g.kind == "sign"}
     groups = list(groups)
+    coupled = {i: block_classes(spec, spec.groups[i], itself=True) for i in groups}
+    ref_units: dict[int, tuple] = {}
+    moved_at: dict[int, int] = {}  # class -> step at which it last moved
+    solved_at: dict[int, int] = {}  # group -> step at which it was last solved
     rng = random.Random(seed)
     comps: list = []
     current = other
+    clock = 0
     for _ in range(max_iter):
         changed = False
         order = groups[:]
         rng.shuffle(order)
         for i in order:
-            step = _match_class(spec, ref, current, i, signs.get(spec.groups[i].cls))
+            if i in solved_at and all(moved_at.get(c, -1) < solved_at[i] for c in coupled[i]):
+                continue
+            clock += 1
+            solved_at[i] = clock
+            sign = signs.get(spec.groups[i].cls)
+            if i not in ref_units:
+                ref_units[i] = _units(spec, ref, i, sign)
+            step = _match_class(spec, ref_units[i], current, i, sign)
             if step:
                 current = act(spec, GroupElement(tuple(step)), current)
                 comps.extend(step)
+                moved_at[spec.groups[i].cls] = clock
                 changed = True
         if not changed:
             break
     return comps
 
 
-def _match_class(spec: SymmetrySpec, ref: dict, current: dict, i: int, sign: int | None) -> list:
+def _units(spec: SymmetrySpec, sd: dict, i: int, sign: int | None) -> tuple:
+    """Class ``i``'s unit matrix and, with a sign group, its odd rows."""
+    full = unit_matrix(spec, sd, spec.groups[i].cls)
+    return full, (None if sign is None else odd_rows(spec, sd, spec.groups[sign]))
+
+
+def _match_class(spec: SymmetrySpec, ref_units: tuple, current: dict, i: int, sign) -> list:
     """The components (permutation, then sign) that improve class ``i``'s match, if any."""
-    cls = spec.groups[i].cls
-    full = unit_matrix(spec, ref, cls) @ unit_matrix(spec, current, cls).T
-    odd = None
-    if sign is not None:
-        odd = odd_rows(spec, ref, spec.groups[sign]) @ odd_rows(spec, current, spec.groups[sign]).T
+    ref_full, ref_odd = ref_units
+    cur_full, cur_odd = _units(spec, current, i, sign)
+    full = ref_full @ cur_full.T
+    odd = None if sign is None else ref_odd @ cur_odd.T
     score = full if odd is None else full - odd + odd.abs()
     _, col = linear_sum_assignment(score.numpy(), maximize=True)
     perm = torch.as_tensor(col)
