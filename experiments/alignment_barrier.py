@@ -16,6 +16,7 @@ Settings (SGD, lr 0.05, momentum 0.9, batch 128 unless stated):
 * ``base``: mnist1d (4000 train), two hidden layers, 30 epochs (the benchmark's
   old setting; the pair memorizes the training set);
 * ``wd``: as base with weight decay 5e-4;
+* ``base-3``: as base with three hidden layers;
 * ``large``: mnist1d-large (20000 train), two hidden layers, 30 epochs;
 * ``large-3``: mnist1d-large, three hidden layers (Git Re-Basin's MNIST MLP shape);
 * ``large-wd``: mnist1d-large, two hidden layers, weight decay 5e-4.
@@ -37,6 +38,7 @@ from wsym.train import train
 SETTINGS = {
     "base": {"data": "mnist1d", "depth": 2, "epochs": 30, "weight_decay": 0.0},
     "wd": {"data": "mnist1d", "depth": 2, "epochs": 30, "weight_decay": 5e-4},
+    "base-3": {"data": "mnist1d", "depth": 3, "epochs": 30, "weight_decay": 0.0},
     "large": {"data": "mnist1d-large", "depth": 2, "epochs": 30, "weight_decay": 0.0},
     "large-3": {"data": "mnist1d-large", "depth": 3, "epochs": 30, "weight_decay": 0.0},
     "large-wd": {"data": "mnist1d-large", "depth": 2, "epochs": 30, "weight_decay": 5e-4},

@@ -28,7 +28,7 @@ from wsym.act import GroupElement, act
 from wsym.canon import canonical_element
 from wsym.errors import WsymInputError
 from wsym.spec import SymmetrySpec
-from wsym.units import block_classes, odd_rows, unit_matrix
+from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix
 
 # Canonicalized before matching. Sign conventions read off two different networks need
 # not agree unit by unit, so weight matching also matches signs (signed units).
@@ -86,6 +86,7 @@ def align(
     else:
         raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
     aligned = act(spec, GroupElement(tuple(perms)), other)
+    aligned = act(spec, GroupElement(tuple(procrustes(spec, ref, aligned))), aligned)
     back = act(spec, g_ref.inverse(), aligned)
     return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in back.items()}
 
@@ -183,6 +184,38 @@ def _match_class(spec: SymmetrySpec, ref_units: tuple, current: dict, i: int, si
         if (flips < 0).any():
             step.append((sign, flips))
     return step
+
+
+def procrustes(spec: SymmetrySpec, ref: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
+    """Per GL/orthogonal group, the rotation of ``other``'s blocks closest to ``ref``'s.
+
+    Canonicalization leaves each GL block balanced (``G^T G = H^T H``); what is
+    left of the group is ``O(h)``, and its canonical representative (singular
+    vectors with a sign rule) is arbitrary as a match between two different
+    networks. Per index (head), ``R = U V^T`` from the SVD ``U S V^T`` of
+    ``sum_blocks X_other^T X_ref`` (orthogonal Procrustes; Kabsch's determinant
+    fix for special orthogonal groups) maximizes ``sum tr(R^T X_other^T X_ref)``
+    over rotations, both factors moving together (``x R`` and ``x R^-T = x R``).
+    Identical blocks give ``R = I``, so exact recovery is kept.
+    """
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if g.kind not in ("gl", "orthogonal"):
+            continue
+        mats_ref, mats_other = block_matrices(spec, ref, g), block_matrices(spec, other, g)
+        if not mats_ref:
+            continue
+        cross = sum(mats_other[k].transpose(-1, -2) @ mats_ref[k] for k in mats_ref)
+        u, _, vh = torch.linalg.svd(cross)
+        if g.special:
+            det = torch.linalg.det(u @ vh).sign()
+            u = u.clone()
+            u[..., :, -1] = u[..., :, -1] * det.unsqueeze(-1)
+        rot = u @ vh
+        eye = torch.eye(g.size, dtype=rot.dtype)
+        if float((rot - eye).abs().max()) > 1e-12:
+            comps.append((i, rot))
+    return comps
 
 
 def activation_matching(spec: SymmetrySpec, model, ref: dict, other: dict, batches) -> list:
