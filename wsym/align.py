@@ -13,7 +13,9 @@ matching compares like with like. Permutations are then matched
   a site fall back to weight matching.
 
 Heads are units of their permutation class, so they are matched as blocks; a
-residual-stream permutation moves every tensor of the stream. The result is
+residual-stream permutation moves every tensor of the stream. GL/orthogonal
+blocks (query/key, value/output per head), balanced by canonicalization, are
+then rotated onto the reference's by orthogonal Procrustes. The result is
 expressed in the reference's own basis (its canonicalization is undone).
 """
 
