@@ -13,6 +13,7 @@ from wsym.train import evaluate, train
 SHAPES = {
     "mnist1d": ((4000, 40), (1000, 40)),
     "mnist1d-seq": ((4000, 10, 4), (1000, 10, 4)),
+    "mnist1d-large": ((20000, 40), (5000, 40)),
     "digits": ((1437, 1, 8, 8), (360, 1, 8, 8)),
 }
 

@@ -13,7 +13,9 @@ matching compares like with like. Permutations are then matched
   a site fall back to weight matching.
 
 Heads are units of their permutation class, so they are matched as blocks; a
-residual-stream permutation moves every tensor of the stream. The result is
+residual-stream permutation moves every tensor of the stream. GL/orthogonal
+blocks (query/key, value/output per head), balanced by canonicalization, are
+then rotated onto the reference's by orthogonal Procrustes. The result is
 expressed in the reference's own basis (its canonicalization is undone).
 """
 
@@ -28,7 +30,7 @@ from wsym.act import GroupElement, act
 from wsym.canon import canonical_element
 from wsym.errors import WsymInputError
 from wsym.spec import SymmetrySpec
-from wsym.units import odd_rows, unit_matrix
+from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix
 
 # Canonicalized before matching. Sign conventions read off two different networks need
 # not agree unit by unit, so weight matching also matches signs (signed units).
@@ -86,6 +88,7 @@ def align(
     else:
         raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
     aligned = act(spec, GroupElement(tuple(perms)), other)
+    aligned = act(spec, GroupElement(tuple(procrustes(spec, ref, aligned))), aligned)
     back = act(spec, g_ref.inverse(), aligned)
     return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in back.items()}
 
@@ -116,36 +119,60 @@ def weight_matching(
     the class, units are matched as signed units: pairing ``i`` with ``j`` scores
     ``C_even[i, j] + |C_odd[i, j]|`` (the entries a flip negates counted in
     absolute value), and the matched unit takes the sign of ``C_odd[i, j]``.
+
+    A class whose cost matrix cannot have changed since it was last solved (no
+    class it shares a tensor block with has moved since, itself included where
+    a block holds its axis twice) is not solved again: its assignment would be
+    the identity. The reference's unit matrices are
+    built once.
     """
     if groups is None:
         groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
     signs = {g.cls: i for i, g in enumerate(spec.groups) if g.kind == "sign"}
     groups = list(groups)
+    coupled = {i: block_classes(spec, spec.groups[i], itself=True) for i in groups}
+    ref_units: dict[int, tuple] = {}
+    moved_at: dict[int, int] = {}  # class -> step at which it last moved
+    solved_at: dict[int, int] = {}  # group -> step at which it was last solved
     rng = random.Random(seed)
     comps: list = []
     current = other
+    clock = 0
     for _ in range(max_iter):
         changed = False
         order = groups[:]
         rng.shuffle(order)
         for i in order:
-            step = _match_class(spec, ref, current, i, signs.get(spec.groups[i].cls))
+            if i in solved_at and all(moved_at.get(c, -1) < solved_at[i] for c in coupled[i]):
+                continue
+            clock += 1
+            solved_at[i] = clock
+            sign = signs.get(spec.groups[i].cls)
+            if i not in ref_units:
+                ref_units[i] = _units(spec, ref, i, sign)
+            step = _match_class(spec, ref_units[i], current, i, sign)
             if step:
                 current = act(spec, GroupElement(tuple(step)), current)
                 comps.extend(step)
+                moved_at[spec.groups[i].cls] = clock
                 changed = True
         if not changed:
             break
     return comps
 
 
-def _match_class(spec: SymmetrySpec, ref: dict, current: dict, i: int, sign: int | None) -> list:
+def _units(spec: SymmetrySpec, sd: dict, i: int, sign: int | None) -> tuple:
+    """Class ``i``'s unit matrix and, with a sign group, its odd rows."""
+    full = unit_matrix(spec, sd, spec.groups[i].cls)
+    return full, (None if sign is None else odd_rows(spec, sd, spec.groups[sign]))
+
+
+def _match_class(spec: SymmetrySpec, ref_units: tuple, current: dict, i: int, sign) -> list:
     """The components (permutation, then sign) that improve class ``i``'s match, if any."""
-    cls = spec.groups[i].cls
-    full = unit_matrix(spec, ref, cls) @ unit_matrix(spec, current, cls).T
-    odd = None
-    if sign is not None:
-        odd = odd_rows(spec, ref, spec.groups[sign]) @ odd_rows(spec, current, spec.groups[sign]).T
+    ref_full, ref_odd = ref_units
+    cur_full, cur_odd = _units(spec, current, i, sign)
+    full = ref_full @ cur_full.T
+    odd = None if sign is None else ref_odd @ cur_odd.T
     score = full if odd is None else full - odd + odd.abs()
     _, col = linear_sum_assignment(score.numpy(), maximize=True)
     perm = torch.as_tensor(col)
@@ -159,6 +186,38 @@ def _match_class(spec: SymmetrySpec, ref: dict, current: dict, i: int, sign: int
         if (flips < 0).any():
             step.append((sign, flips))
     return step
+
+
+def procrustes(spec: SymmetrySpec, ref: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
+    """Per GL/orthogonal group, the rotation of ``other``'s blocks closest to ``ref``'s.
+
+    Canonicalization leaves each GL block balanced (``G^T G = H^T H``); what is
+    left of the group is ``O(h)``, and its canonical representative (singular
+    vectors with a sign rule) is arbitrary as a match between two different
+    networks. Per index (head), ``R = U V^T`` from the SVD ``U S V^T`` of
+    ``sum_blocks X_other^T X_ref`` (orthogonal Procrustes; Kabsch's determinant
+    fix for special orthogonal groups) maximizes ``sum tr(R^T X_other^T X_ref)``
+    over rotations, both factors moving together (``x R`` and ``x R^-T = x R``).
+    Identical blocks give ``R = I``, so exact recovery is kept.
+    """
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if g.kind not in ("gl", "orthogonal"):
+            continue
+        mats_ref, mats_other = block_matrices(spec, ref, g), block_matrices(spec, other, g)
+        if not mats_ref:
+            continue
+        cross = sum(mats_other[k].transpose(-1, -2) @ mats_ref[k] for k in mats_ref)
+        u, _, vh = torch.linalg.svd(cross)
+        if g.special:
+            det = torch.linalg.det(u @ vh).sign()
+            u = u.clone()
+            u[..., :, -1] = u[..., :, -1] * det.unsqueeze(-1)
+        rot = u @ vh
+        eye = torch.eye(g.size, dtype=rot.dtype)
+        if float((rot - eye).abs().max()) > 1e-12:
+            comps.append((i, rot))
+    return comps
 
 
 def activation_matching(spec: SymmetrySpec, model, ref: dict, other: dict, batches) -> list:

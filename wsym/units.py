@@ -107,11 +107,18 @@ def odd_rows(
     return torch.cat(cols, dim=1) if cols else None
 
 
-def block_classes(spec: SymmetrySpec, group: Group) -> set[int]:
-    """Classes that share a parameter block with ``group``'s class."""
+def block_classes(spec: SymmetrySpec, group: Group, itself: bool = False) -> set[int]:
+    """Classes that share a parameter block with ``group``'s class.
+
+    With ``itself``, the class itself is included when a block holds its axis
+    twice (a permutation of the class then changes its own unit rows).
+    """
     out = set()
     for p in class_params(spec, group.cls):
         for _, lv in _blocks(torch.zeros(tuple(t.size for t in spec.layout[p])), spec.layout[p]):
-            if any(leaf.cls == group.cls for leaf in lv):
+            mine = sum(leaf.cls == group.cls for leaf in lv)
+            if mine:
                 out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
+            if itself and mine > 1:
+                out.add(group.cls)
     return out
