@@ -147,3 +147,21 @@ def test_align_result_is_unchanged_by_the_fast_path_on_an_mlp_pair():
     fast = wsym.align(sd_a, sd_b, spec)
     for k in slow:
         torch.testing.assert_close(fast[k], slow[k], rtol=1e-12, atol=1e-12, msg=k)
+
+
+def test_every_layernorm_sign_group_of_the_residual_stream_is_matched(detected):
+    """A transformer's residual stream carries one sign group per LayerNorm: each is matched."""
+    model, _, spec = detected("tiny-transformer")
+    sd, _ = canonical_element(double(model.state_dict()), spec, kinds=NO_PERMUTATION)
+    signs = [i for i, g in enumerate(spec.groups) if g.kind == "sign"]
+    assert len({spec.groups[i].cls for i in signs}) < len(signs)  # several on one class
+    gen = torch.Generator().manual_seed(0)
+    flips = tuple(
+        (i, torch.randint(0, 2, (spec.groups[i].size,), generator=gen).double() * 2 - 1)
+        for i in signs
+    )
+    moved = act(spec, GroupElement(flips), sd)
+    back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
+    for k in sd:
+        if sd[k].is_floating_point():
+            torch.testing.assert_close(back[k], sd[k], rtol=0, atol=1e-12, msg=k)
