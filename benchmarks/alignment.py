@@ -3,7 +3,7 @@
 Run from the repository root (``rebasin`` must be installed; it is not a wsym
 dependency)::
 
-    .venv/bin/python benchmarks/alignment.py [--json PATH] [--quick]
+    .venv/bin/python benchmarks/alignment.py [--json PATH] [--quick] [--only NAME ...]
 
 In one run it trains pairs of models from different seeds (different
 initialization and data order) on mnist1d: ``MLP(40, [w, w], 10)`` for w in
@@ -422,6 +422,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 epoch per model (smoke run)")
     parser.add_argument("--repeats", type=int, default=None, help="timing repeats (3; quick 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="run only these pairs (e.g. transformer mlp-512)"
+    )
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.threads:
@@ -431,6 +434,8 @@ def main() -> None:
     wsym.detect(MLP(4, [4], 2), torch.randn(2, 4))  # warm up torch.export
     results = []
     for cfg in configs(args.quick):
+        if args.only and cfg["name"] not in args.only:
+            continue
         results.append(run_pair(cfg, args.repeats))
         print(f"  {cfg['name']} done at {perf_counter() - start:.0f} s", file=sys.stderr)
     report(results)

@@ -99,3 +99,13 @@ def test_bad_checkpoints_are_named(detected):
     missing = {k: v for k, v in sd.items() if k != "0.weight"}
     with pytest.raises(WsymInputError, match="no tensor '0.weight'"):
         wsym.align(sd, missing, spec)
+
+
+def test_activation_matching_recovers_a_permuted_sign_flipped_copy(detected):
+    """LayerNorm outputs flip with their sign group: the residual stream is still matched."""
+    model, _, spec = detected("tiny-transformer")
+    sd = double(model.state_dict())
+    moved = spec.act(spec.sample(seed=5, kinds=["permutation", "sign"]), sd)
+    batches = [(torch.randn(16, 6, 4), None) for _ in range(3)]
+    back = wsym.align(sd, moved, spec, "activations", model=model, batches=batches)
+    assert distance(sd, back) < 1e-8

@@ -11,44 +11,62 @@ import wsym
 from wsym.act import GroupElement, act
 from wsym.align import NO_PERMUTATION, procrustes, weight_matching
 from wsym.canon import canonical_element
+from wsym.matching import ROTATION_TOL
 from wsym.units import block_matrices, odd_rows, unit_matrix
 
 CASES = ["mlp-relu", "mlp-tanh", "residual-cnn", "tiny-transformer", "gqa", "concat"]
 
 
+def plain_score(spec, ref, current, i):
+    """Pairing scores of permutation group ``i``: signs and head rotations maximized inside."""
+    cls = spec.groups[i].cls
+    full = unit_matrix(spec, ref, cls) @ unit_matrix(spec, current, cls).T
+    score, odds = full.clone(), {}
+    for j, g in enumerate(spec.groups):
+        if g.kind == "sign" and g.cls == cls:
+            odds[j] = odd_rows(spec, ref, g) @ odd_rows(spec, current, g).T
+            score += odds[j].abs() - odds[j]
+        if g.kind in ("gl", "orthogonal") and g.index == (cls,):
+            r, c = block_matrices(spec, ref, g), block_matrices(spec, current, g)
+            for a in range(len(score)):
+                for b in range(len(score)):
+                    cross = sum(c[p][b].T @ r[p][a] for p in r)
+                    u, sv, vh = torch.linalg.svd(cross)
+                    best = sv.sum()
+                    if g.special and torch.linalg.det(u @ vh) < 0:
+                        best = best - 2 * sv[-1]
+                    score[a, b] += best - cross.trace()
+    return score, full, odds
+
+
 def reference_weight_matching(spec, ref, other, max_iter=100, seed=0):
     """Git Re-Basin's loop, as plainly as possible: every class solved in every sweep."""
     groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
-    signs = {g.cls: i for i, g in enumerate(spec.groups) if g.kind == "sign"}
     rng = random.Random(seed)
-    comps, current = [], other
+    current = other
     for _ in range(max_iter):
         changed = False
         order = groups[:]
         rng.shuffle(order)
         for i in order:
-            cls, sign = spec.groups[i].cls, signs.get(spec.groups[i].cls)
-            full = unit_matrix(spec, ref, cls) @ unit_matrix(spec, current, cls).T
-            odd = None
-            if sign is not None:
-                g = spec.groups[sign]
-                odd = odd_rows(spec, ref, g) @ odd_rows(spec, current, g).T
-            score = full if odd is None else full - odd + odd.abs()
+            score, full, odds = plain_score(spec, ref, current, i)
             perm = torch.as_tensor(linear_sum_assignment(score.numpy(), maximize=True)[1])
             rows = torch.arange(len(perm))
-            if float(score[rows, perm].sum() - full.trace()) <= 1e-12 * max(
-                1.0, float(full.trace().abs())
-            ):
-                continue
+            gain = float(score[rows, perm].sum() - score.trace())
+            if gain <= 1e-12 * max(1.0, float(full.trace().abs())):
+                perm = rows
             step = [(i, perm)] if (perm != rows).any() else []
-            if odd is not None:
+            for j, odd in odds.items():
                 flips = torch.where(odd[rows, perm] < 0, -1.0, 1.0).double()
                 if (flips < 0).any():
-                    step.append((sign, flips))
+                    step.append((j, flips))
             if step:
                 current = act(spec, GroupElement(tuple(step)), current)
-                comps.extend(step)
                 changed = True
+        turn = procrustes(spec, ref, current, tol=ROTATION_TOL)
+        if turn:
+            current = act(spec, GroupElement(tuple(turn)), current)
+            changed = True
         if not changed:
             break
     return current
@@ -129,3 +147,21 @@ def test_align_result_is_unchanged_by_the_fast_path_on_an_mlp_pair():
     fast = wsym.align(sd_a, sd_b, spec)
     for k in slow:
         torch.testing.assert_close(fast[k], slow[k], rtol=1e-12, atol=1e-12, msg=k)
+
+
+def test_every_layernorm_sign_group_of_the_residual_stream_is_matched(detected):
+    """A transformer's residual stream carries one sign group per LayerNorm: each is matched."""
+    model, _, spec = detected("tiny-transformer")
+    sd, _ = canonical_element(double(model.state_dict()), spec, kinds=NO_PERMUTATION)
+    signs = [i for i, g in enumerate(spec.groups) if g.kind == "sign"]
+    assert len({spec.groups[i].cls for i in signs}) < len(signs)  # several on one class
+    gen = torch.Generator().manual_seed(0)
+    flips = tuple(
+        (i, torch.randint(0, 2, (spec.groups[i].size,), generator=gen).double() * 2 - 1)
+        for i in signs
+    )
+    moved = act(spec, GroupElement(flips), sd)
+    back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
+    for k in sd:
+        if sd[k].is_floating_point():
+            torch.testing.assert_close(back[k], sd[k], rtol=0, atol=1e-12, msg=k)

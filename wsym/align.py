@@ -21,16 +21,14 @@ expressed in the reference's own basis (its canonicalization is undone).
 
 from __future__ import annotations
 
-import random
-
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from wsym.act import GroupElement, act
+from wsym.assignment import assignment
 from wsym.canon import canonical_element
 from wsym.errors import WsymInputError
+from wsym.matching import procrustes, weight_matching
 from wsym.spec import SymmetrySpec
-from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix
 
 # Canonicalized before matching. Sign conventions read off two different networks need
 # not agree unit by unit, so weight matching also matches signs (signed units).
@@ -80,11 +78,9 @@ def align(
             raise WsymInputError(
                 "activation matching needs model= and batches=; or use method='weights'"
             )
-        perms = activation_matching(spec, model, ref, other, batches)
-        done = {i for i, _ in perms}
-        rest = [i for i, g in enumerate(spec.groups) if g.kind == "permutation" and i not in done]
+        perms, matched = activation_matching(spec, model, ref, other, batches)
         other = act(spec, GroupElement(tuple(perms)), other)
-        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, groups=rest)
+        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, fixed=matched)
     else:
         raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
     aligned = act(spec, GroupElement(tuple(perms)), other)
@@ -110,136 +106,61 @@ def check_same_architecture(spec: SymmetrySpec, *state_dicts: dict) -> None:
                 raise WsymInputError(f"{key} holds NaN or infinite values in checkpoint {i + 1}")
 
 
-def weight_matching(
-    spec: SymmetrySpec, ref: dict, other: dict, *, max_iter: int = 100, seed: int = 0, groups=None
-) -> list[tuple[int, torch.Tensor]]:
-    """Permutation (and sign) components that move ``other`` closest to ``ref``.
+def activation_matching(
+    spec: SymmetrySpec, model, ref: dict, other: dict, batches
+) -> tuple[list, set[int]]:
+    """Per class with traced sites, the permutation maximizing activation correlation.
 
-    Coordinate descent over the permutation classes. Where a sign group acts on
-    the class, units are matched as signed units: pairing ``i`` with ``j`` scores
-    ``C_even[i, j] + |C_odd[i, j]|`` (the entries a flip negates counted in
-    absolute value), and the matched unit takes the sign of ``C_odd[i, j]``.
-
-    A class whose cost matrix cannot have changed since it was last solved (no
-    class it shares a tensor block with has moved since, itself included where
-    a block holds its axis twice) is not solved again: its assignment would be
-    the identity. The reference's unit matrices are
-    built once.
+    A class's correlation is summed over all its sites (a residual stream has
+    one per block: each sum into it, each LayerNorm output). Sites that a sign
+    flip of the class negates (a LayerNorm's output, behind its gain) are left
+    out where the class has other sites, and otherwise paired on
+    ``|correlation|``; the flips themselves are matched afterwards, on the
+    weights. Returns the permutation components and the permutation groups
+    they settle (those with a site, moved or not).
     """
-    if groups is None:
-        groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
-    signs = {g.cls: i for i, g in enumerate(spec.groups) if g.kind == "sign"}
-    groups = list(groups)
-    coupled = {i: block_classes(spec, spec.groups[i], itself=True) for i in groups}
-    ref_units: dict[int, tuple] = {}
-    moved_at: dict[int, int] = {}  # class -> step at which it last moved
-    solved_at: dict[int, int] = {}  # group -> step at which it was last solved
-    rng = random.Random(seed)
-    comps: list = []
-    current = other
-    clock = 0
-    for _ in range(max_iter):
-        changed = False
-        order = groups[:]
-        rng.shuffle(order)
-        for i in order:
-            if i in solved_at and all(moved_at.get(c, -1) < solved_at[i] for c in coupled[i]):
-                continue
-            clock += 1
-            solved_at[i] = clock
-            sign = signs.get(spec.groups[i].cls)
-            if i not in ref_units:
-                ref_units[i] = _units(spec, ref, i, sign)
-            step = _match_class(spec, ref_units[i], current, i, sign)
-            if step:
-                current = act(spec, GroupElement(tuple(step)), current)
-                comps.extend(step)
-                moved_at[spec.groups[i].cls] = clock
-                changed = True
-        if not changed:
-            break
-    return comps
-
-
-def _units(spec: SymmetrySpec, sd: dict, i: int, sign: int | None) -> tuple:
-    """Class ``i``'s unit matrix and, with a sign group, its odd rows."""
-    full = unit_matrix(spec, sd, spec.groups[i].cls)
-    return full, (None if sign is None else odd_rows(spec, sd, spec.groups[sign]))
-
-
-def _match_class(spec: SymmetrySpec, ref_units: tuple, current: dict, i: int, sign) -> list:
-    """The components (permutation, then sign) that improve class ``i``'s match, if any."""
-    ref_full, ref_odd = ref_units
-    cur_full, cur_odd = _units(spec, current, i, sign)
-    full = ref_full @ cur_full.T
-    odd = None if sign is None else ref_odd @ cur_odd.T
-    score = full if odd is None else full - odd + odd.abs()
-    _, col = linear_sum_assignment(score.numpy(), maximize=True)
-    perm = torch.as_tensor(col)
-    rows = torch.arange(len(perm))
-    gain = float(score[rows, perm].sum() - full.trace())
-    if gain <= 1e-12 * max(1.0, float(full.trace().abs())):
-        return []
-    step = [(i, perm)] if (perm != rows).any() else []
-    if odd is not None:
-        flips = torch.where(odd[rows, perm] < 0, -1.0, 1.0).to(torch.float64)
-        if (flips < 0).any():
-            step.append((sign, flips))
-    return step
-
-
-def procrustes(spec: SymmetrySpec, ref: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
-    """Per GL/orthogonal group, the rotation of ``other``'s blocks closest to ``ref``'s.
-
-    Canonicalization leaves each GL block balanced (``G^T G = H^T H``); what is
-    left of the group is ``O(h)``, and its canonical representative (singular
-    vectors with a sign rule) is arbitrary as a match between two different
-    networks. Per index (head), ``R = U V^T`` from the SVD ``U S V^T`` of
-    ``sum_blocks X_other^T X_ref`` (orthogonal Procrustes; Kabsch's determinant
-    fix for special orthogonal groups) maximizes ``sum tr(R^T X_other^T X_ref)``
-    over rotations, both factors moving together (``x R`` and ``x R^-T = x R``).
-    Identical blocks give ``R = I``, so exact recovery is kept.
-    """
-    comps = []
-    for i, g in enumerate(spec.groups):
-        if g.kind not in ("gl", "orthogonal"):
-            continue
-        mats_ref, mats_other = block_matrices(spec, ref, g), block_matrices(spec, other, g)
-        if not mats_ref:
-            continue
-        cross = sum(mats_other[k].transpose(-1, -2) @ mats_ref[k] for k in mats_ref)
-        u, _, vh = torch.linalg.svd(cross)
-        if g.special:
-            det = torch.linalg.det(u @ vh).sign()
-            u = u.clone()
-            u[..., :, -1] = u[..., :, -1] * det.unsqueeze(-1)
-        rot = u @ vh
-        eye = torch.eye(g.size, dtype=rot.dtype)
-        if float((rot - eye).abs().max()) > 1e-12:
-            comps.append((i, rot))
-    return comps
-
-
-def activation_matching(spec: SymmetrySpec, model, ref: dict, other: dict, batches) -> list:
-    """Per class with a traced site, the permutation maximizing activation correlation."""
     from wsym.activations import site_activations
 
-    sites = {c: (node, d) for c, node, d in spec.sites}
+    sites: dict[int, list] = {}
+    for c, node, d in spec.sites:
+        sites.setdefault(c, []).append((node, d))
     groups = {i: g for i, g in enumerate(spec.groups) if g.kind == "permutation" and g.cls in sites}
     if not groups:
-        return []
-    wanted = {sites[g.cls] for g in groups.values()}
+        return [], set()
+    wanted = {s for g in groups.values() for s in sites[g.cls]}
     acts_ref = site_activations(model, ref, batches, wanted)
     acts_other = site_activations(model, other, batches, wanted)
+    flipped = _sign_affected(spec, model, ref, batches, {g.cls for g in groups.values()}, acts_ref)
     comps = []
     for i, g in groups.items():
-        a, b = acts_ref[sites[g.cls]], acts_other[sites[g.cls]]
-        corr = _standardize(a).T @ _standardize(b) / a.shape[0]
-        _, col = linear_sum_assignment(corr.numpy(), maximize=True)
-        perm = torch.as_tensor(col)
+        kept = [s for s in sites[g.cls] if s not in flipped] or sites[g.cls]
+        corr = 0
+        for s in kept:
+            a, b = acts_ref[s], acts_other[s]
+            c = _standardize(a).T @ _standardize(b) / a.shape[0]
+            corr = corr + (c.abs() if s in flipped else c)
+        perm = assignment(corr)
         if (perm != torch.arange(len(perm))).any():
             comps.append((i, perm))
-    return comps
+    return comps, set(groups)
+
+
+def _sign_affected(spec: SymmetrySpec, model, ref: dict, batches, classes, acts_ref) -> set:
+    """Sites whose activations change when every sign group of their class flips half its units."""
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if g.kind == "sign" and g.cls in classes:
+            comps.append((i, torch.where(torch.arange(g.size) % 2 == 0, -1.0, 1.0).double()))
+    if not comps:
+        return set()
+    from wsym.activations import site_activations
+
+    moved = site_activations(model, act(spec, GroupElement(tuple(comps)), ref), batches, acts_ref)
+    return {
+        s
+        for s, a in acts_ref.items()
+        if float((moved[s] - a).abs().max()) > 1e-9 * float(a.abs().max().clamp_min(1e-300))
+    }
 
 
 def _standardize(x: torch.Tensor) -> torch.Tensor:

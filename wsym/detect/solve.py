@@ -181,7 +181,9 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     sites = _activation_sites(ctx, st, traced)
     groups, layouts, ids = _renumber(groups, layouts)
     buffers = tuple(state_keys[ph] for ph in traced.buffers if ph in state_keys)
-    sites = tuple(sorted((ids[c], name, d) for c, (name, d) in sites.items() if c in ids))
+    sites = tuple(
+        sorted((ids[c], name, d) for c, found in sites.items() if c in ids for name, d in found)
+    )
     return SymmetrySpec(
         groups=tuple(groups),
         layouts=tuple(layouts),
@@ -192,7 +194,11 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
 
 
 def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
-    """Per leaf class, the activation with the most samples whose axis is exactly that class."""
+    """Per leaf class, every activation with the most samples whose axis is exactly that class.
+
+    A residual stream has one such site per block (each sum into the stream);
+    activation matching sums their correlations.
+    """
     best: dict = {}
     for node in traced.graph.nodes:
         lay = ctx.layouts.get(node.name)
@@ -207,9 +213,11 @@ def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
             found = st.leaves(dim[0])
             if len(found) == 1 and st.atoms.size[found[0][1]] == val.shape[d]:
                 cls, numel = found[0][1], val.numel()
-                if cls not in best or numel >= best[cls][0]:
-                    best[cls] = (numel, node.name, d)
-    return {c: (name, d) for c, (_, name, d) in best.items()}
+                if cls not in best or numel > best[cls][0]:
+                    best[cls] = (numel, [])
+                if numel == best[cls][0]:
+                    best[cls][1].append((node.name, d))
+    return {c: sites for c, (_, sites) in best.items()}
 
 
 def _node(traced: Traced, name: str):

@@ -1,0 +1,249 @@
+"""Weight matching: coordinate descent over permutation classes and GL/orthogonal rotations.
+
+Two checkpoints ``ref`` and ``other`` (both canonicalized in their continuous
+groups) are brought together by maximizing ``sum_k <ref_k, g . other_k>`` over
+the permutations, signs and rotations ``g`` that the spec detected
+(Git Re-Basin's weight matching, generalized). One coordinate is one
+permutation class, solved by a linear assignment over its units with every
+other coordinate held fixed; what else acts on the class is maximized *inside*
+the pairing score, so that the score of pairing unit ``i`` with unit ``j`` is
+the best over what is left free:
+
+* **signs**: each sign group ``s`` acting on the class negates a set of entries
+  ``odd_s``; pairing ``i`` with ``j`` scores
+  ``C[i, j] - sum_s C_s[i, j] + sum_s |C_s[i, j]|`` (``C_s`` the correlation of
+  the negated entries), and the matched unit takes the sign of ``C_s[i, j]``
+  for each group separately (a transformer's residual stream has one sign group
+  per LayerNorm);
+* **GL/orthogonal blocks** indexed by the class (a head's query/key and
+  value/output blocks): after balancing, what is left of ``GL(h)`` is ``O(h)``,
+  and the best rotation of head ``j``'s blocks onto head ``i``'s scores the
+  nuclear norm ``||X_j^T X_i||_*`` (orthogonal Procrustes) instead of the
+  frame-dependent ``tr(X_j^T X_i)``. Heads are thus matched on a GL-invariant
+  quantity.
+
+After every sweep over the classes the rotations themselves are solved
+(:func:`procrustes`), so that classes that read a rotated block (the residual
+stream reads every head's query, key and value rows) compare like with like.
+The sweeps stop when no class and no rotation moves.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from wsym.act import GroupElement, act
+from wsym.assignment import assignment
+from wsym.spec import SymmetrySpec
+from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix
+
+ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """What acts on permutation group ``group``'s class besides the permutation.
+
+    Attributes:
+        group: index of the permutation group.
+        signs: sign groups on the same class.
+        blocks: GL/orthogonal groups whose only index is the class (heads).
+        coupled: classes that share a parameter block with it (its cost depends on them).
+        fixed: the permutation is held (only the signs are matched).
+    """
+
+    group: int
+    signs: tuple[int, ...]
+    blocks: tuple[int, ...]
+    coupled: frozenset[int]
+    fixed: bool = False
+
+
+def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
+    """One :class:`ClassPlan` per permutation group (all, or those in ``groups``)."""
+    if groups is None:
+        groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
+    out = []
+    for i in groups:
+        cls = spec.groups[i].cls
+        signs = tuple(j for j, g in enumerate(spec.groups) if g.kind == "sign" and g.cls == cls)
+        blocks = tuple(
+            j
+            for j, g in enumerate(spec.groups)
+            if g.kind in ("gl", "orthogonal") and g.index == (cls,)
+        )
+        coupled = frozenset(block_classes(spec, spec.groups[i], itself=True))
+        out.append(ClassPlan(i, signs, blocks, coupled, i in fixed))
+    return out
+
+
+def class_units(spec: SymmetrySpec, sd: dict, plan: ClassPlan) -> tuple:
+    """``(unit matrix, [odd rows per sign group], [block matrices per GL group])``."""
+    full = unit_matrix(spec, sd, spec.groups[plan.group].cls)
+    odds = [odd_rows(spec, sd, spec.groups[s]) for s in plan.signs]
+    blocks = [block_matrices(spec, sd, spec.groups[b]) for b in plan.blocks]
+    return full, odds, blocks
+
+
+def pairing_score(spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, cur_units: tuple):
+    """``(score, plain, odd correlations)``: the ``(n, n)`` pairing scores of a class.
+
+    ``plain = R C^T`` is the score with nothing else free; ``score`` adds what
+    the best sign per sign group and the best rotation per GL block gain.
+    """
+    (ref_full, ref_odds, ref_blocks), (cur_full, cur_odds, cur_blocks) = ref_units, cur_units
+    plain = ref_full @ cur_full.T
+    score = plain.clone()
+    odds = []
+    for r, c in zip(ref_odds, cur_odds, strict=True):
+        odd = None if r is None else r @ c.T
+        odds.append(odd)
+        if odd is not None:
+            score += odd.abs() - odd
+    for b, r, c in zip(plan.blocks, ref_blocks, cur_blocks, strict=True):
+        if not r:
+            continue
+        # cross[i, j] = sum_parity X_j^T X_i: (n, n, h, h); its trace is already in plain.
+        cross = sum(torch.einsum("irl,jrk->ijkl", r[p], c[p]) for p in r)
+        sv = torch.linalg.svdvals(cross)
+        best = sv.sum(-1)
+        if spec.groups[b].special:  # Kabsch: a reflection is not allowed
+            negative = torch.linalg.det(cross) < 0
+            best = best - 2 * torch.where(negative, sv[..., -1], torch.zeros_like(best))
+        score += best - torch.diagonal(cross, dim1=-2, dim2=-1).sum(-1)
+    return score, plain, odds
+
+
+def match_class(spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, current: dict) -> list:
+    """The components (permutation, then signs) that improve the class's match, if any."""
+    score, plain, odds = pairing_score(spec, plan, ref_units, class_units(spec, current, plan))
+    rows = torch.arange(len(score))
+    perm = rows if plan.fixed else assignment(score)
+    gain = float(score[rows, perm].sum() - score.trace())
+    if gain <= 1e-12 * max(1.0, float(plain.trace().abs())):
+        perm = rows  # no strict gain from moving units: keep them, only fix signs
+    step = [(plan.group, perm)] if (perm != rows).any() else []
+    for s, odd in zip(plan.signs, odds, strict=True):
+        if odd is not None:
+            flips = torch.where(odd[rows, perm] < 0, -1.0, 1.0).to(torch.float64)
+            if (flips < 0).any():
+                step.append((s, flips))
+    return step
+
+
+def weight_matching(
+    spec: SymmetrySpec,
+    ref: dict,
+    other: dict,
+    *,
+    max_iter: int = 100,
+    seed: int = 0,
+    groups=None,
+    fixed=(),
+    rotations: bool = True,
+) -> list[tuple[int, object]]:
+    """Components (permutations, signs, rotations) that move ``other`` closest to ``ref``.
+
+    Coordinate descent: sweeps over the permutation classes in a seeded random
+    order, each solved by :func:`match_class`; then, with ``rotations``, every
+    GL/orthogonal block rotated onto the reference's (:func:`procrustes`).
+    A class whose cost cannot have changed since it was last solved (no class
+    it shares a block with has moved since, itself included where a block holds
+    its axis twice) is not solved again: its answer would be the same.
+
+    Args:
+        spec: the :class:`~wsym.spec.SymmetrySpec`.
+        ref: the reference state dict (float64, canonicalized).
+        other: the state dict to move (float64, canonicalized).
+        max_iter: sweeps at most.
+        seed: order of the classes.
+        groups: permutation groups to solve (default: all).
+        fixed: permutation groups whose permutation is held (their signs are matched).
+        rotations: solve the GL/orthogonal rotations between sweeps.
+
+    Example:
+        >>> import torch, wsym
+        >>> from wsym.act import act, GroupElement
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> moved = spec.act(spec.sample(seed=0, kinds=["permutation"]), sd)
+        >>> back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
+        >>> all(torch.equal(back[k], sd[k]) for k in sd)
+        True
+    """
+    todo = plans(spec, groups, fixed)
+    ref_units = {p.group: class_units(spec, ref, p) for p in todo}
+    moved_at: dict[int, int] = {}  # class -> step at which it last moved
+    solved_at: dict[int, int] = {}  # group -> step at which it was last solved
+    rng = random.Random(seed)
+    comps: list = []
+    current, clock = other, 0
+    for _ in range(max_iter):
+        changed = False
+        order = todo[:]
+        rng.shuffle(order)
+        for plan in order:
+            i = plan.group
+            if i in solved_at and all(moved_at.get(c, -1) < solved_at[i] for c in plan.coupled):
+                continue
+            clock += 1
+            solved_at[i] = clock
+            step = match_class(spec, plan, ref_units[i], current)
+            if step:
+                current = act(spec, GroupElement(tuple(step)), current)
+                comps.extend(step)
+                clock += 1
+                for j, _ in step:
+                    moved_at[spec.groups[j].cls] = clock
+                changed = True
+        if rotations:
+            turn = procrustes(spec, ref, current, tol=ROTATION_TOL)
+            if turn:
+                current = act(spec, GroupElement(tuple(turn)), current)
+                comps.extend(turn)
+                clock += 1
+                for j, _ in turn:
+                    moved_at[spec.groups[j].cls] = clock
+                changed = True
+        if not changed:
+            break
+    return comps
+
+
+def procrustes(
+    spec: SymmetrySpec, ref: dict, other: dict, tol: float = 1e-12
+) -> list[tuple[int, torch.Tensor]]:
+    """Per GL/orthogonal group, the rotation of ``other``'s blocks closest to ``ref``'s.
+
+    Canonicalization leaves each GL block balanced (``G^T G = H^T H``); what is
+    left of the group is ``O(h)``, and its canonical representative (singular
+    vectors with a sign rule) is arbitrary as a match between two different
+    networks. Per index (head), ``R = U V^T`` from the SVD ``U S V^T`` of
+    ``sum_blocks X_other^T X_ref`` (orthogonal Procrustes; Kabsch's determinant
+    fix for special orthogonal groups) maximizes ``sum tr(R^T X_other^T X_ref)``
+    over rotations, both factors moving together (``x R`` and ``x R^-T = x R``).
+    Identical blocks give ``R = I``, so exact recovery is kept. Rotations within
+    ``tol`` of the identity are left out.
+    """
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if g.kind not in ("gl", "orthogonal"):
+            continue
+        mats_ref, mats_other = block_matrices(spec, ref, g), block_matrices(spec, other, g)
+        if not mats_ref:
+            continue
+        cross = sum(mats_other[k].transpose(-1, -2) @ mats_ref[k] for k in mats_ref)
+        u, _, vh = torch.linalg.svd(cross)
+        if g.special:
+            det = torch.linalg.det(u @ vh).sign()
+            u = u.clone()
+            u[..., :, -1] = u[..., :, -1] * det.unsqueeze(-1)
+        rot = u @ vh
+        eye = torch.eye(g.size, dtype=rot.dtype)
+        if float((rot - eye).abs().max()) > tol:
+            comps.append((i, rot))
+    return comps
