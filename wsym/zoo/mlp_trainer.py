@@ -1,0 +1,200 @@
+"""Stacked MLP classifiers of any batch sizes, trained in lock step.
+
+The fast path of :func:`wsym.zoo.batched.train_members`. All ``M`` members of
+one plain MLP architecture (:func:`wsym.zoo.stacked_mlp.mlp_spec`) share one
+:class:`~wsym.zoo.optim.FlatStack` (parameters, gradients, optimizer state)
+ordered by batch size, so the members of each batch size ``B`` are a
+contiguous block of rows of every layer. One training step is
+
+* per batch size ``B`` still training: the hand-written loss gradients of its
+  block, ``(M_B, B, d)`` inputs -> gradients written into the block's rows
+  (:func:`~wsym.zoo.stacked_mlp.loss_gradients`, a dozen batched kernels);
+* one optimizer update of every member (:class:`~wsym.zoo.optim.Plan`).
+
+Members of different batch sizes thus share the optimizer kernels and the
+steps: training takes as many steps as the longest member needs, instead of
+the sum over batch sizes of each one's longest member. A member leaves the
+stack (its rows are compacted away) as soon as it has taken its
+``epochs * (n // B)`` steps.
+
+Every member's gradient is computed by batched matmuls over its own rows and
+the update is element-wise, so a member comes out bit for bit the same
+whichever members it trains with (``tests/test_zoo_train.py``). Data order,
+label noise and dropout masks are the member's own streams
+(:mod:`wsym.zoo.streams`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.func import stack_module_state
+
+from wsym.data import Dataset
+from wsym.zoo import optim, stacked_mlp
+from wsym.zoo.architectures import initialise
+from wsym.zoo.streams import BLOCK, DataStream, DropoutMasks, member_metrics, member_streams
+
+_EVAL_CHUNK = 1024
+
+
+class LockstepMLPTrainer:
+    """Members of one MLP classifier architecture, every batch size, in one stack.
+
+    ``self.rows`` holds the indices (into ``self.members``) of the members
+    still training, in stack order (by batch size, then SGD before Adam);
+    ``self.groups`` cuts it into ``(batch, start, stop)`` blocks of rows.
+
+    Args:
+        preset: the zoo preset (its ``dropout_sites``).
+        data: the dataset.
+        members: :class:`~wsym.zoo.batched.Member` s, one architecture, a plain MLP.
+        spec: the architecture's :class:`~wsym.zoo.stacked_mlp.MLPSpec`.
+    """
+
+    def __init__(
+        self, preset: dict[str, Any], data: Dataset, members: list, spec: stacked_mlp.MLPSpec
+    ):
+        def order(m):
+            return int(m.hyperparameters["batch_size"]), m.hyperparameters["optimizer"] == "adam"
+
+        members = sorted(members, key=order)
+        self.members, self.data, self.spec = members, data, spec
+        hp = [m.hyperparameters for m in members]
+        seeds = [member_streams(m.seed) for m in members]
+        modules = [
+            initialise(m.architecture, s["init"], float(h["init_scale"]))
+            for m, s, h in zip(members, seeds, hp, strict=True)
+        ]
+        self.keys = list(modules[0].state_dict())
+        params, _ = stack_module_state(modules)
+        packed = stacked_mlp.pack({k: v.detach() for k, v in params.items()}, spec)
+        self.stack = optim.FlatStack({f"layer{i}": a for i, a in enumerate(packed)})
+        self.x_aug = stacked_mlp.with_ones(data.x_train)
+        self.batch = torch.tensor([int(h["batch_size"]) for h in hp])
+        self.hyper = optim.Hyper(
+            torch.tensor([float(h["lr"]) for h in hp]),
+            torch.tensor([float(h["weight_decay"]) for h in hp]),
+            torch.tensor([h["optimizer"] == "adam" for h in hp]),
+        )
+        self.streams = [
+            DataStream(data, h, s["data"], int(h["batch_size"]), regression=False)
+            for h, s in zip(hp, seeds, strict=True)
+        ]
+        self.targets = torch.stack([s.targets for s in self.streams])
+        self.total = torch.tensor([s.total_steps for s in self.streams])
+        widths = [a.shape[1] for a in packed]
+        sites = {site: w for site, w in zip(spec.dropout, widths, strict=False) if site}
+        rates = [float(h["dropout"]) for h in hp]
+        self.dropout = {
+            b: DropoutMasks(rates, [s["dropout"] for s in seeds], {k: (b, w) for k, w in sites.items()})
+            for b in sorted(set(self.batch.tolist()))
+        }
+        self.rows = torch.arange(len(members))
+        self.finished: dict[int, dict[str, torch.Tensor]] = {}
+        self.blocks: dict[int, tuple] = {}
+        self.step = self.pos = 0
+        self._restack()
+
+    def run(self) -> list[tuple[Any, dict[str, torch.Tensor], dict[str, float]]]:
+        """Train every member its steps; ``[(member, state dict, metrics)]`` in stack order."""
+        self._retire()
+        while len(self.rows):
+            self.blocks = {b: self._block(b, start, stop) for b, start, stop in self.groups}
+            for self.pos in range(BLOCK):
+                for b, params, grads, ws in self.programs:
+                    first, idx, y, masks = self.blocks[b]
+                    k = self.pos - first
+                    x = self.x_aug.index_select(0, idx[k]).view(len(y[k]), b, -1)
+                    mask = {site: v[:, k] for site, v in masks.items()}
+                    stacked_mlp.loss_gradients(params, x, y[k], mask, self.spec, grads, ws)
+                self.plan.step()
+                self.step += 1
+                if self.step >= self.next_exit:
+                    self._retire()
+                    if not len(self.rows):
+                        break
+        return self._evaluate()
+
+    def _restack(self) -> None:
+        """Cut the views, groups and optimizer plan of the current stack."""
+        self.params = list(self.stack.views("param").values())
+        self.grads = list(self.stack.views("grad").values())
+        self.plan = self.stack.plan(self.hyper) if len(self.rows) else None
+        batch = self.batch[self.rows].tolist()
+        self.groups = []
+        for pos, b in enumerate(batch):
+            if pos == 0 or b != batch[pos - 1]:
+                self.groups.append([b, pos, pos + 1])
+            else:
+                self.groups[-1][2] = pos + 1
+        self.programs = [
+            (b, [p[start:stop] for p in self.params], [g[start:stop] for g in self.grads], {})
+            for b, start, stop in self.groups
+        ]
+        left = self.total[self.rows]
+        self.next_exit = int(left.min()) if len(left) else 0
+
+    def _block(self, b: int, start: int, stop: int):
+        """The next :data:`BLOCK` steps of the members of batch size ``b``.
+
+        ``(first, indices (K, M_B * B), targets (K, M_B, B), masks {site: (M_B, K, B, w)})``:
+        step ``first + k`` of the block is entry ``k`` (``first`` moves when members leave).
+        """
+        rows = self.rows[start:stop]
+        indices = torch.stack([self.streams[r].next_block() for r in rows.tolist()])
+        y = self.targets[rows].gather(1, indices.view(len(rows), -1)).view(indices.shape)
+        masks = self.dropout[b].next_block(rows.tolist())
+        return 0, indices.transpose(0, 1).reshape(BLOCK, -1), y.transpose(0, 1).contiguous(), masks
+
+    def _retire(self) -> None:
+        """Take members that have taken all their steps off the stack."""
+        done = self.total[self.rows] <= self.step
+        if not bool(done.any()):
+            return
+        state = stacked_mlp.unpack(self.params, self.spec)
+        for pos in torch.nonzero(done).flatten().tolist():
+            row = int(self.rows[pos])
+            self.finished[row] = {k: v[pos].clone() for k, v in state.items()}
+        for b, start, stop in self.groups:  # keep the rest of the block of the members kept
+            kept = torch.nonzero(~done[start:stop]).flatten()
+            if b in self.blocks and len(kept) < stop - start:
+                first, idx, y, masks = self.blocks[b]
+                k = self.pos + 1 - first  # the block's next step
+                idx = idx[k:].view(BLOCK - self.pos - 1, stop - start, b)[:, kept]
+                self.blocks[b] = (
+                    self.pos + 1,
+                    idx.reshape(len(idx), len(kept) * b),
+                    y[k:, kept],
+                    {site: v[kept, k:] for site, v in masks.items()},
+                )
+        keep = torch.nonzero(~done).flatten()
+        self.rows = self.rows[keep]
+        self.stack = self.stack.select(keep)
+        self.hyper = self.hyper.select(keep)
+        self._restack()
+
+    @torch.no_grad()
+    def _evaluate(self) -> list[tuple[Any, dict[str, torch.Tensor], dict[str, float]]]:
+        order = range(len(self.members))
+        state = {k: torch.stack([self.finished[i][k] for i in order]) for k in self.keys}
+        train_out = self._outputs(state, self.data.x_train)
+        test_out = self._outputs(state, self.data.x_test)
+        metrics = member_metrics(train_out, test_out, self.streams, self.data.y_test, False)
+        results = []
+        for i, member in enumerate(self.members):
+            values = {k: float(v[i]) for k, v in metrics.items()}
+            values["epoch"] = int(member.hyperparameters["epochs"])
+            values["steps"] = int(self.total[i])
+            sd = {k: state[k][i].contiguous() for k in self.keys}
+            results.append((member, sd, values))
+        return results
+
+    def _outputs(self, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        m = len(self.members)
+        chunks = [
+            stacked_mlp.forward(state, x[i : i + _EVAL_CHUNK].expand(m, -1, -1), self.spec)
+            for i in range(0, len(x), _EVAL_CHUNK)
+        ]
+        return torch.cat(chunks, dim=1)
