@@ -36,7 +36,8 @@ from torch.nn import functional as F
 import wsym.zoo
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
-from wsym.zoo.batched import _DataStream, member_streams, train_members
+from wsym.zoo.batched import train_members
+from wsym.zoo.streams import DataStream, member_streams
 from wsym.zoo.presets import load_preset
 from wsym.zoo.tasks import load_task
 
@@ -46,7 +47,7 @@ def plain_member(preset, data, member):
     hp = member.hyperparameters
     seeds = member_streams(member.seed)
     model = initialise(member.architecture, seeds["init"], hp["init_scale"]).train()
-    stream = _DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
+    stream = DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
     gen = torch.Generator().manual_seed(seeds["dropout"])
     rate = hp["dropout"]
 
@@ -82,7 +83,7 @@ def matmul_flops(preset, members, data) -> float:
     for m in members:
         dims = [m.architecture["d_in"], *m.architecture["widths"], m.architecture["d_out"]]
         macs = sum(a * b for a, b in zip(dims[:-1], dims[1:], strict=True))
-        stream = _DataStream(data, m.hyperparameters, 0, m.hyperparameters["batch_size"], False)
+        stream = DataStream(data, m.hyperparameters, 0, m.hyperparameters["batch_size"], False)
         total += 6 * macs * stream.total_steps * m.hyperparameters["batch_size"]
         total += 2 * macs * (len(data.x_train) + len(data.x_test))
     return total

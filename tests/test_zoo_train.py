@@ -9,7 +9,8 @@ from torch.nn import functional as F
 from wsym.zoo import optim
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
-from wsym.zoo.batched import BLOCK, _DataStream, member_streams, train_members
+from wsym.zoo.batched import train_members
+from wsym.zoo.streams import BLOCK, DataStream, member_streams
 from wsym.zoo.presets import load_preset
 from wsym.zoo.tasks import load_task
 
@@ -62,7 +63,7 @@ def reference_member(preset, data, member):
     hp = member.hyperparameters
     seeds = member_streams(member.seed)
     model = initialise(member.architecture, seeds["init"], hp["init_scale"]).to(DTYPE).train()
-    stream = _DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
+    stream = DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
     if hp["optimizer"] == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     else:
@@ -154,7 +155,7 @@ def test_optimizer_step_equals_torch_optim(lr, wd, adam, steps, seed):
 def test_label_noise_and_subset_are_per_member(mlp):
     preset, data = mlp
     hp = {**plans(preset, [0])[0].hyperparameters, "label_noise": 0.5, "train_fraction": 0.5}
-    stream = _DataStream(data, hp, seed=3, batch=32, regression=False)
+    stream = DataStream(data, hp, seed=3, batch=32, regression=False)
     n = len(stream.subset)
     assert n == 2000 and int(stream.mask.sum()) == n
     flipped = stream.targets != data.y_train
