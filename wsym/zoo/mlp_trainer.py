@@ -93,32 +93,56 @@ class LockstepMLPTrainer:
         }
         self.rows = torch.arange(len(members))
         self.finished: dict[int, dict[str, torch.Tensor]] = {}
-        self.blocks: dict[int, tuple] = {}
-        self.step = self.pos = 0
+        self.step = 0
         self._restack()
 
     def run(self) -> list[tuple[Any, dict[str, torch.Tensor], dict[str, float]]]:
         """Train every member its steps; ``[(member, state dict, metrics)]`` in stack order."""
-        self._retire()
-        while len(self.rows):
-            self.blocks = {b: self._block(b, start, stop) for b, start, stop in self.groups}
-            for self.pos in range(BLOCK):
-                for b, params, grads, ws in self.programs:
-                    first, idx, y, masks = self.blocks[b]
-                    k = self.pos - first
-                    x = self.x_aug.index_select(0, idx[k]).view(len(y[k]), b, -1)
-                    mask = {site: v[:, k] for site, v in masks.items()}
-                    stacked_mlp.loss_gradients(params, x, y[k], mask, self.spec, grads, ws)
+        self._finish()
+        while self._compact():
+            blocks = [self._block(b, start, stop) for b, start, stop in self.groups]
+            for k in range(BLOCK):
+                for g in self.live_groups:
+                    _, gradients, x = self.programs[g]
+                    idx, y, masks = blocks[g]
+                    torch.index_select(self.x_aug, 0, idx[k], out=x.view(-1, x.shape[-1]))
+                    gradients(x, y[k], {site: v[:, k] for site, v in masks.items()})
                 self.plan.step()
                 self.step += 1
-                if self.step >= self.next_exit:
-                    self._retire()
-                    if not len(self.rows):
-                        break
+                if self.step >= self.next_exit and not self._finish():
+                    break
         return self._evaluate()
 
+    def _finish(self) -> bool:
+        """Keep the final state of members that have just taken their last step.
+
+        They stay in the stack (their further updates are discarded) until the
+        block ends; a batch size whose members have all finished stops
+        computing. Returns whether any member in the stack is still training.
+        """
+        left = self.total[self.rows] - self.step
+        state = stacked_mlp.unpack(self.params, self.spec)
+        for pos in torch.nonzero(left == 0).flatten().tolist():
+            self.finished[int(self.rows[pos])] = {k: v[pos].clone() for k, v in state.items()}
+        training = left > 0
+        self.live_groups = [
+            g for g, (_, start, stop) in enumerate(self.groups) if bool(training[start:stop].any())
+        ]
+        self.next_exit = self.step + int(left[training].min()) if bool(training.any()) else 0
+        return bool(training.any())
+
+    def _compact(self) -> bool:
+        """Drop finished members from the stack; returns whether any member is left."""
+        keep = torch.nonzero(self.total[self.rows] > self.step).flatten()
+        if len(keep) < len(self.rows):
+            self.rows = self.rows[keep]
+            self.stack = self.stack.select(keep)
+            self.hyper = self.hyper.select(keep)
+            self._restack()
+        return len(self.rows) > 0
+
     def _restack(self) -> None:
-        """Cut the views, groups and optimizer plan of the current stack."""
+        """Cut the views, batch-size groups, gradient programs and optimizer plan of the stack."""
         self.params = list(self.stack.views("param").values())
         self.grads = list(self.stack.views("grad").values())
         self.plan = self.stack.plan(self.hyper) if len(self.rows) else None
@@ -130,50 +154,28 @@ class LockstepMLPTrainer:
             else:
                 self.groups[-1][2] = pos + 1
         self.programs = [
-            (b, [p[start:stop] for p in self.params], [g[start:stop] for g in self.grads], {})
+            (
+                b,
+                stacked_mlp.LossGradients(
+                    [p[start:stop] for p in self.params],
+                    self.spec,
+                    b,
+                    [g[start:stop] for g in self.grads],
+                ),
+                self.x_aug.new_empty(stop - start, b, self.x_aug.shape[1]),
+            )
             for b, start, stop in self.groups
         ]
-        left = self.total[self.rows]
-        self.next_exit = int(left.min()) if len(left) else 0
+        self.live_groups = list(range(len(self.groups)))
 
     def _block(self, b: int, start: int, stop: int):
-        """The next :data:`BLOCK` steps of the members of batch size ``b``.
-
-        ``(first, indices (K, M_B * B), targets (K, M_B, B), masks {site: (M_B, K, B, w)})``:
-        step ``first + k`` of the block is entry ``k`` (``first`` moves when members leave).
-        """
+        """The next :data:`BLOCK` steps of the members of batch size ``b``: data indices
+        ``(K, M_B * B)``, targets ``(K, M_B, B)``, dropout masks ``{site: (M_B, K, B, w)}``."""
         rows = self.rows[start:stop]
         indices = torch.stack([self.streams[r].next_block() for r in rows.tolist()])
         y = self.targets[rows].gather(1, indices.view(len(rows), -1)).view(indices.shape)
         masks = self.dropout[b].next_block(rows.tolist())
-        return 0, indices.transpose(0, 1).reshape(BLOCK, -1), y.transpose(0, 1).contiguous(), masks
-
-    def _retire(self) -> None:
-        """Take members that have taken all their steps off the stack."""
-        done = self.total[self.rows] <= self.step
-        if not bool(done.any()):
-            return
-        state = stacked_mlp.unpack(self.params, self.spec)
-        for pos in torch.nonzero(done).flatten().tolist():
-            row = int(self.rows[pos])
-            self.finished[row] = {k: v[pos].clone() for k, v in state.items()}
-        for b, start, stop in self.groups:  # keep the rest of the block of the members kept
-            kept = torch.nonzero(~done[start:stop]).flatten()
-            if b in self.blocks and len(kept) < stop - start:
-                first, idx, y, masks = self.blocks[b]
-                k = self.pos + 1 - first  # the block's next step
-                idx = idx[k:].view(BLOCK - self.pos - 1, stop - start, b)[:, kept]
-                self.blocks[b] = (
-                    self.pos + 1,
-                    idx.reshape(len(idx), len(kept) * b),
-                    y[k:, kept],
-                    {site: v[kept, k:] for site, v in masks.items()},
-                )
-        keep = torch.nonzero(~done).flatten()
-        self.rows = self.rows[keep]
-        self.stack = self.stack.select(keep)
-        self.hyper = self.hyper.select(keep)
-        self._restack()
+        return indices.transpose(0, 1).reshape(BLOCK, -1), y.transpose(0, 1).contiguous(), masks
 
     @torch.no_grad()
     def _evaluate(self) -> list[tuple[Any, dict[str, torch.Tensor], dict[str, float]]]:

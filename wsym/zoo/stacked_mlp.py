@@ -155,7 +155,6 @@ def loss_gradients(
     masks: dict[str, torch.Tensor],
     spec: MLPSpec,
     out: list[torch.Tensor] | None = None,
-    workspace: dict | None = None,
 ) -> list[torch.Tensor]:
     """Gradients of ``sum_m mean_b CE(f_m(x_mb), y_mb)`` w.r.t. the augmented layers.
 
@@ -167,62 +166,93 @@ def loss_gradients(
             missing from ``masks`` is not dropped.
         spec: the MLP (:func:`mlp_spec`).
         out: tensors shaped like ``params`` to write the gradients into, or ``None``.
-        workspace: a dict kept by the caller between calls with the same shapes;
-            it caches the activation buffers (their columns of ones) across calls.
 
     Returns:
         ``dL/dA_l``, shaped like ``params`` (``out`` when given).
     """
-    m, b = y.shape
-    inputs = [x]  # h_aug of each layer
-    saved = []  # what each hidden layer's backward needs
-    h = x
-    last = len(params) - 1
-    for i, a in enumerate(params[:-1]):
-        z = torch.bmm(h, a.transpose(1, 2))
-        act = spec.activations[i]
-        h = _cached(workspace, ("h", i, m, b), lambda z=z: with_ones(z))
-        body = h[..., :-1]
-        if act == "relu":
-            torch.clamp_min(z, 0.0, out=body)
-        else:
-            body.copy_(_FORWARD[act](z))
-        mask = masks.get(spec.dropout[i]) if spec.dropout[i] is not None else None
-        if mask is not None:
-            body.mul_(mask)
-        saved.append((z, body, mask))
-        inputs.append(h)
-    # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
-    # than over a short last axis
-    dz_t = torch.softmax(torch.bmm(params[last], h.transpose(1, 2)), dim=1)
-    minus_one = _cached(workspace, ("y", m, b), lambda: h.new_full((m, 1, b), -1.0))
-    dz_t.scatter_add_(1, y.unsqueeze(1), minus_one)
-    dz_t.mul_(1.0 / b)
-    grads: list[torch.Tensor] = [torch.empty(0)] * len(params)
-    for i in range(last, -1, -1):
-        target = out[i] if out is not None else None
-        grads[i] = torch.bmm(dz_t, inputs[i], out=target)
-        if i == 0:
-            break
-        dh = torch.bmm(dz_t.transpose(1, 2), params[i])[..., :-1]
-        z, body, mask = saved[i - 1]
-        act = spec.activations[i - 1]
-        if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
-            dz = _aten.threshold_backward(dh, body, 0.0)
+    return LossGradients(params, spec, y.shape[1], out)(x, y, masks)
+
+
+class LossGradients:
+    """:func:`loss_gradients` of fixed parameter tensors and batch size, buffers made once.
+
+    Training calls the same stack thousands of times, so every intermediate
+    (pre-activations, activations with their column of ones, the transposed
+    logits, back-propagated errors) gets a buffer here once, and a call is
+    only the kernels, each writing into its buffer. ``params`` and ``out``
+    are held, not copied: a call sees the parameters' current values.
+
+    Args:
+        params: augmented layers ``A_l`` ``(M, out_l, in_l + 1)``.
+        spec: the MLP (:func:`mlp_spec`).
+        batch: examples per member and call, ``B``.
+        out: tensors shaped like ``params`` to write the gradients into, or ``None``.
+    """
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        spec: MLPSpec,
+        batch: int,
+        out: list[torch.Tensor] | None = None,
+    ):
+        m, kw = len(params[0]), {"dtype": params[0].dtype}
+        self.params, self.spec, self.batch = params, spec, batch
+        self.grads = out if out is not None else [torch.empty_like(a) for a in params]
+        hidden = params[:-1]
+        self.weights_t = [a.transpose(1, 2) for a in hidden]
+        self.z = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        self.h = [torch.ones(m, batch, a.shape[1] + 1, **kw) for a in hidden]
+        self.body = [h[..., :-1] for h in self.h]
+        classes = params[-1].shape[1]
+        self.logits_t = torch.empty(m, classes, batch, **kw)
+        self.probs_t = torch.empty(m, classes, batch, **kw)
+        self.dh = [torch.empty(m, batch, a.shape[2], **kw) for a in params[1:]]
+        self.dz = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        self.minus_one = torch.full((m, 1, batch), -1.0, **kw)
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """The gradients (in ``out``) on inputs ``x`` ``(M, B, d + 1)`` and labels ``y`` ``(M, B)``."""
+        spec, params, grads = self.spec, self.params, self.grads
+        inputs, used = [x], []  # each layer's h_aug; each hidden layer's dropout mask
+        h = x
+        for i, weight_t in enumerate(self.weights_t):
+            z, body, act, site = self.z[i], self.body[i], spec.activations[i], spec.dropout[i]
+            torch.bmm(h, weight_t, out=z)
+            if act == "relu":
+                torch.clamp_min(z, 0.0, out=body)
+            else:
+                body.copy_(_FORWARD[act](z))
+            mask = masks.get(site) if site is not None else None
             if mask is not None:
-                dz.mul_(mask)
-        else:
-            dz = _activation_backward(act, dh if mask is None else dh * mask, z)
-        dz_t = dz.transpose(1, 2)
-    return grads
-
-
-def _cached(workspace: dict | None, key: tuple, make) -> torch.Tensor:
-    if workspace is None:
-        return make()
-    if key not in workspace:
-        workspace[key] = make()
-    return workspace[key]
+                body.mul_(mask)
+            used.append(mask)
+            h = self.h[i]
+            inputs.append(h)
+        # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
+        # than over a short last axis
+        last = len(params) - 1
+        torch.bmm(params[last], h.transpose(1, 2), out=self.logits_t)
+        dz_t = torch.softmax(self.logits_t, 1, out=self.probs_t)
+        dz_t.scatter_add_(1, y.unsqueeze(1), self.minus_one)
+        dz_t.mul_(1.0 / self.batch)
+        for i in range(last, -1, -1):
+            torch.bmm(dz_t, inputs[i], out=grads[i])
+            if i == 0:
+                break
+            dh = torch.bmm(dz_t.transpose(1, 2), params[i], out=self.dh[i - 1])[..., :-1]
+            dz, mask, act = self.dz[i - 1], used[i - 1], spec.activations[i - 1]
+            if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
+                _aten.threshold_backward.grad_input(dh, self.body[i - 1], 0.0, grad_input=dz)
+                if mask is not None:
+                    dz.mul_(mask)
+            else:
+                z = self.z[i - 1]
+                dz.copy_(_activation_backward(act, dh if mask is None else dh * mask, z))
+            dz_t = dz.transpose(1, 2)
+        return grads
 
 
 def _activation_backward(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
