@@ -20,7 +20,9 @@ Run::
     PYTHONPATH=. .venv/bin/python benchmarks/zoo_speed.py [--members 50] [--full] [--json out.json]
 
 Other processes on the machine slow every number here; the ratios are measured
-back to back in one run, so they are less affected than the absolute rates.
+back to back in one run, so they are less affected than the absolute rates. Each
+ratio is given in wall-clock time and in CPU time of this process (both sides run
+on one thread), which does not count the time other processes held the core.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ import wsym.zoo
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
 from wsym.zoo.batched import train_members
-from wsym.zoo.streams import DataStream, member_streams
 from wsym.zoo.presets import load_preset
+from wsym.zoo.streams import DataStream, member_streams
 from wsym.zoo.tasks import load_task
 
 
@@ -103,28 +105,34 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def _run(fn) -> tuple[float, float]:
+    """Wall-clock and CPU (this process) seconds of ``fn()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def compare(preset, data, members, label) -> dict:
-    start = time.perf_counter()
-    train_members(preset, data, members)
-    batched = time.perf_counter() - start
-    start = time.perf_counter()
-    for m in members:
-        plain_member(preset, data, m)
-    plain = time.perf_counter() - start
+    batched, batched_cpu = _run(lambda: train_members(preset, data, members))
+    plain, plain_cpu = _run(lambda: [plain_member(preset, data, m) for m in members])
     n = len(members)
     result = {
         "members": n,
         "batched_s": batched,
         "plain_s": plain,
+        "batched_cpu_s": batched_cpu,
+        "plain_cpu_s": plain_cpu,
         "batched_members_per_min": 60 * n / batched,
         "plain_members_per_min": 60 * n / plain,
         "ratio": plain / batched,
+        "ratio_cpu": plain_cpu / batched_cpu,
         "flops_per_s": matmul_flops(preset, members, data) / batched,
     }
     print(
         f"{label}: {n} members  batched {batched:.1f}s ({result['batched_members_per_min']:.0f}"
         f"/min)  plain loop {plain:.1f}s ({result['plain_members_per_min']:.0f}/min)  "
-        f"ratio {result['ratio']:.1f}x",
+        f"ratio {result['ratio']:.1f}x (CPU time: {batched_cpu:.1f}s vs {plain_cpu:.1f}s, "
+        f"{result['ratio_cpu']:.1f}x)",
         flush=True,
     )
     return result

@@ -10,8 +10,8 @@ from wsym.zoo import optim
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
 from wsym.zoo.batched import train_members
-from wsym.zoo.streams import BLOCK, DataStream, member_streams
 from wsym.zoo.presets import load_preset
+from wsym.zoo.streams import BLOCK, DataStream, member_streams
 from wsym.zoo.tasks import load_task
 
 DTYPE = torch.float64

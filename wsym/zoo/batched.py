@@ -309,8 +309,8 @@ def _mlp_forward(params, x, masks, spec: stacked_mlp.MLPSpec) -> torch.Tensor:
 class _DropoutHooks:
     """Forward hooks applying the current step's masks to the outputs of ``sites``.
 
-    ``shapes`` (empty without ``sites``) records each site's per-example output shape (a probe forward
-    on ``x``, one batch), in forward order.
+    ``shapes`` (empty without ``sites``) records each site's per-example output
+    shape (a probe forward on ``x``, one batch), in forward order.
     """
 
     def __init__(self, base: nn.Module, sites: list[str], x: torch.Tensor):

@@ -43,7 +43,8 @@ class LockstepMLPTrainer:
     """Members of one MLP classifier architecture, every batch size, in one stack.
 
     ``self.rows`` holds the indices (into ``self.members``) of the members
-    still training, in stack order (by batch size, then SGD before Adam);
+    in the stack, in stack order (by batch size, then by optimizer, SGD and
+    Adam first in turn, so that each rule's rows form as few runs as possible);
     ``self.groups`` cuts it into ``(batch, start, stop)`` blocks of rows.
 
     Args:
@@ -56,8 +57,11 @@ class LockstepMLPTrainer:
     def __init__(
         self, preset: dict[str, Any], data: Dataset, members: list, spec: stacked_mlp.MLPSpec
     ):
-        def order(m):
-            return int(m.hyperparameters["batch_size"]), m.hyperparameters["optimizer"] == "adam"
+        sizes = sorted({int(m.hyperparameters["batch_size"]) for m in members})
+
+        def order(m):  # by batch size, SGD and Adam in turn first: fewest runs of one rule
+            b = int(m.hyperparameters["batch_size"])
+            return b, (m.hyperparameters["optimizer"] == "adam") != (sizes.index(b) % 2 == 1)
 
         members = sorted(members, key=order)
         self.members, self.data, self.spec = members, data, spec
@@ -88,7 +92,9 @@ class LockstepMLPTrainer:
         sites = {site: w for site, w in zip(spec.dropout, widths, strict=False) if site}
         rates = [float(h["dropout"]) for h in hp]
         self.dropout = {
-            b: DropoutMasks(rates, [s["dropout"] for s in seeds], {k: (b, w) for k, w in sites.items()})
+            b: DropoutMasks(
+                rates, [s["dropout"] for s in seeds], {k: (b, w) for k, w in sites.items()}
+            )
             for b in sorted(set(self.batch.tolist()))
         }
         self.rows = torch.arange(len(members))
@@ -169,8 +175,11 @@ class LockstepMLPTrainer:
         self.live_groups = list(range(len(self.groups)))
 
     def _block(self, b: int, start: int, stop: int):
-        """The next :data:`BLOCK` steps of the members of batch size ``b``: data indices
-        ``(K, M_B * B)``, targets ``(K, M_B, B)``, dropout masks ``{site: (M_B, K, B, w)}``."""
+        """The next :data:`BLOCK` steps of the members of batch size ``b``.
+
+        Data indices ``(K, M_B * B)``, targets ``(K, M_B, B)``, dropout masks
+        ``{site: (M_B, K, B, w)}``.
+        """
         rows = self.rows[start:stop]
         indices = torch.stack([self.streams[r].next_block() for r in rows.tolist()])
         y = self.targets[rows].gather(1, indices.view(len(rows), -1)).view(indices.shape)
