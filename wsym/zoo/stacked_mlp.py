@@ -214,7 +214,7 @@ class LossGradients:
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor]
     ) -> list[torch.Tensor]:
-        """The gradients (into ``out``) on inputs ``x`` ``(M, B, d + 1)``, labels ``y`` ``(M, B)``."""
+        """The gradients (into ``out``) on inputs ``x`` ``(M, B, d + 1)`` and labels ``y``."""
         spec, params, grads = self.spec, self.params, self.grads
         inputs, used = [x], []  # each layer's h_aug; each hidden layer's dropout mask
         h = x
