@@ -200,58 +200,78 @@ class LossGradients:
         self.params, self.spec, self.batch = params, spec, batch
         self.grads = out if out is not None else [torch.empty_like(a) for a in params]
         hidden = params[:-1]
-        self.weights_t = [a.transpose(1, 2) for a in hidden]
-        self.z = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
-        self.h = [torch.ones(m, batch, a.shape[1] + 1, **kw) for a in hidden]
-        self.body = [h[..., :-1] for h in self.h]
+        self.h = [torch.ones(m, batch, a.shape[1] + 1, **kw) for a in hidden]  # h_aug
+        z = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        body = [h[..., :-1] for h in self.h]
+        # forward, hidden layer i: (A_i^T, z_i, act(z_i) * mask, activation, dropout site)
+        self.hidden = [
+            (a.transpose(1, 2), z[i], body[i], spec.activations[i], spec.dropout[i])
+            for i, a in enumerate(hidden)
+        ]
         classes = params[-1].shape[1]
         self.logits_t = torch.empty(m, classes, batch, **kw)
         self.probs_t = torch.empty(m, classes, batch, **kw)
-        self.dh = [torch.empty(m, batch, a.shape[2], **kw) for a in params[1:]]
-        self.dz = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        self.last_input_t = self.h[-1].transpose(1, 2) if hidden else None
         self.minus_one = torch.full((m, 1, batch), -1.0, **kw)
+        # backward, layer i >= 1: (dL/dA_i, h_aug_i, dz_i^T, dz_i, A_i, dh buffer, dh, ...)
+        dz = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        errors = [*dz, self.probs_t.transpose(1, 2)]  # dz_i (M, B, out_i), i = 0..last
+        self.backward = []
+        for i in range(len(params) - 1, 0, -1):
+            dh = torch.empty(m, batch, params[i].shape[2], **kw)
+            self.backward.append(
+                (
+                    self.grads[i],
+                    self.h[i - 1],
+                    errors[i].transpose(1, 2),
+                    errors[i],
+                    params[i],
+                    dh,
+                    dh[..., :-1],
+                    i - 1,
+                    z[i - 1],
+                    body[i - 1],
+                    dz[i - 1],
+                )
+            )
+        self.first_error_t = errors[0].transpose(1, 2)
+        self.masks: list[torch.Tensor | None] = [None] * len(hidden)
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor]
     ) -> list[torch.Tensor]:
         """The gradients (into ``out``) on inputs ``x`` ``(M, B, d + 1)`` and labels ``y``."""
-        spec, params, grads = self.spec, self.params, self.grads
-        inputs, used = [x], []  # each layer's h_aug; each hidden layer's dropout mask
+        used = self.masks  # each hidden layer's dropout mask, or None
         h = x
-        for i, weight_t in enumerate(self.weights_t):
-            z, body, act, site = self.z[i], self.body[i], spec.activations[i], spec.dropout[i]
+        for i, (weight_t, z, body, act, site) in enumerate(self.hidden):
             torch.bmm(h, weight_t, out=z)
             if act == "relu":
                 torch.clamp_min(z, 0.0, out=body)
             else:
                 body.copy_(_FORWARD[act](z))
-            mask = masks.get(site) if site is not None else None
+            mask = used[i] = masks.get(site) if site is not None else None
             if mask is not None:
                 body.mul_(mask)
-            used.append(mask)
             h = self.h[i]
-            inputs.append(h)
         # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
         # than over a short last axis
-        last = len(params) - 1
-        torch.bmm(params[last], h.transpose(1, 2), out=self.logits_t)
-        dz_t = torch.softmax(self.logits_t, 1, out=self.probs_t)
-        dz_t.scatter_add_(1, y.unsqueeze(1), self.minus_one)
-        dz_t.mul_(1.0 / self.batch)
-        for i in range(last, -1, -1):
-            torch.bmm(dz_t, inputs[i], out=grads[i])
-            if i == 0:
-                break
-            dh = torch.bmm(dz_t.transpose(1, 2), params[i], out=self.dh[i - 1])[..., :-1]
-            dz, mask, act = self.dz[i - 1], used[i - 1], spec.activations[i - 1]
+        last_input_t = self.last_input_t if self.hidden else x.transpose(1, 2)
+        torch.bmm(self.params[-1], last_input_t, out=self.logits_t)
+        probs_t = torch.softmax(self.logits_t, 1, out=self.probs_t)
+        probs_t.scatter_add_(1, y.unsqueeze(1), self.minus_one)
+        probs_t.mul_(1.0 / self.batch)  # now dL/dz_last, transposed
+        for grad, inputs, dz_t, dz, a, dh_buffer, dh, j, z, body, dz_prev in self.backward:
+            torch.bmm(dz_t, inputs, out=grad)
+            torch.bmm(dz, a, out=dh_buffer)
+            act, mask = self.hidden[j][3], used[j]
             if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
-                _aten.threshold_backward.grad_input(dh, self.body[i - 1], 0.0, grad_input=dz)
+                _aten.threshold_backward.grad_input(dh, body, 0.0, grad_input=dz_prev)
                 if mask is not None:
-                    dz.mul_(mask)
+                    dz_prev.mul_(mask)
             else:
-                z = self.z[i - 1]
-                dz.copy_(_activation_backward(act, dh if mask is None else dh * mask, z))
-            dz_t = dz.transpose(1, 2)
+                dz_prev.copy_(_activation_backward(act, dh if mask is None else dh * mask, z))
+        grads = self.grads
+        torch.bmm(self.first_error_t, x, out=grads[0])
         return grads
 
 
