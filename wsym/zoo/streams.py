@@ -147,15 +147,23 @@ def member_metrics(
 
     ``train_out`` ``(M, N, ...)`` are the members' outputs on every training
     example; each member is scored on its own subset with its own targets
-    (``streams``). ``test_out`` ``(M, N_test, ...)`` is scored against the
+    (``streams``); a classifier's loss is computed on that subset only. ``test_out`` ``(M, N_test, ...)`` is scored against the
     clean ``y_test``. The gap is ``train_acc - test_acc`` (classification) or
     ``test_loss - train_loss`` (regression, whose accuracies are NaN).
     """
     targets = torch.stack([s.targets for s in streams])
-    mask = torch.stack([s.mask for s in streams]).float()
+    member_mask = torch.stack([s.mask for s in streams])
+    mask = member_mask.float()
     count = mask.sum(dim=1)
     test_y = y_test.expand(len(streams), -1)
-    train_loss = example_loss(train_out, targets, regression)
+    if regression:
+        train_loss = example_loss(train_out, targets, regression)
+    else:  # cross-entropy on each member's own subset only (zero elsewhere, masked anyway)
+        train_loss = torch.zeros(member_mask.shape, dtype=train_out.dtype)
+        rows, cols = torch.nonzero(member_mask, as_tuple=True)
+        train_loss[rows, cols] = F.cross_entropy(
+            train_out[rows, cols], targets[rows, cols], reduction="none"
+        )
     metrics = {
         "train_loss": (train_loss * mask).sum(1) / count,
         "test_loss": example_loss(test_out, test_y, regression).mean(dim=1),
