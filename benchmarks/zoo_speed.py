@@ -150,6 +150,11 @@ def main() -> None:
     data = load_task(preset["dataset"])
     peak = peak_flops()
     print(f"large matmul (2048^2, float32, 1 thread): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    # warm-up (one-time costs of a process: lazy initialisation in torch), both sides
+    tiny = load_preset("mnist1d-mlp", {"hyperparameters": {"epochs": 1, "train_fraction": 0.05}})
+    warm = [plan_member(tiny, 0, i) for i in range(2)]
+    train_members(tiny, data, warm)
+    plain_member(tiny, data, warm[0])
     sampled = [plan_member(preset, 0, i) for i in range(args.members)]
     fixed_hp = {"batch_size": 64, "epochs": 10, "train_fraction": 1.0}
     fixed_preset = load_preset("mnist1d-mlp", {"hyperparameters": fixed_hp})
