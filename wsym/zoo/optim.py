@@ -81,16 +81,18 @@ def step(
 ) -> None:
     """One optimizer step of every member, in place on ``params`` and ``state``.
 
-    Each member is updated by its own rule only (:class:`Plan`), in any order.
+    Each member is updated by its own rule only (:class:`Plan`), in any order;
+    ``grads`` are left as they are.
     """
-    Plan(params, grads, state, hyper).step()
+    Plan(params, {k: g.clone() for k, g in grads.items()}, state, hyper).step()
 
 
 class Plan:
     """:func:`step` for a fixed stack, its row blocks and per-member views cut once.
 
     ``grads`` are the tensors the gradients will be written into (in place)
-    before each :meth:`step`; the plan holds views of them, of ``params`` and
+    before each :meth:`step`, which uses them up (adds the weight decay to them
+    in place); the plan holds views of them, of ``params`` and
     of ``state``, so a step is only the update kernels (``torch._foreach``,
     one call per kernel for all parameters). Build a new plan whenever the
     stack changes. The members may come in any order: each rule runs on the
@@ -176,7 +178,7 @@ def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _sgd(p, g, state, neg_lr, wd, t) -> None:
     """SGD: ``g <- g + wd p``, ``b <- mu b + g``, ``p <- p - lr b`` (``b`` starts at 0)."""
-    g = torch._foreach_addcmul(g, p, wd)
+    torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
     b = state["b"]
     torch._foreach_mul_(b, MOMENTUM)
     torch._foreach_add_(b, g)
@@ -185,7 +187,7 @@ def _sgd(p, g, state, neg_lr, wd, t) -> None:
 
 def _adam(p, g, state, neg_lr, wd, t) -> None:
     """``torch.optim.Adam``'s update, per-member ``lr`` and coupled weight decay ``wd``."""
-    g = torch._foreach_addcmul(g, p, wd)
+    torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
     direction = _adam_direction(g, state["m"], state["v"], t)
     torch._foreach_addcmul_(p, direction, neg_lr)
 
@@ -208,7 +210,7 @@ def _adam_direction(g, m, v, t) -> list:
 
 def _mixed(p, g, state, neg_lr, wd, t) -> None:
     """Both rules on every element, each element keeping its member's (``state["adam"]``)."""
-    g = torch._foreach_addcmul(g, p, wd)
+    torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
     b = state["b"]
     torch._foreach_mul_(b, MOMENTUM)
     torch._foreach_add_(b, g)

@@ -147,8 +147,9 @@ def member_metrics(
 
     ``train_out`` ``(M, N, ...)`` are the members' outputs on every training
     example; each member is scored on its own subset with its own targets
-    (``streams``); a classifier's loss is computed on that subset only. ``test_out`` ``(M, N_test, ...)`` is scored against the
-    clean ``y_test``. The gap is ``train_acc - test_acc`` (classification) or
+    (``streams``); a classifier's loss is computed on that subset only.
+    ``test_out`` ``(M, N_test, ...)`` is scored against the clean ``y_test``.
+    The gap is ``train_acc - test_acc`` (classification) or
     ``test_loss - train_loss`` (regression, whose accuracies are NaN).
     """
     targets = torch.stack([s.targets for s in streams])
