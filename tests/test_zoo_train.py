@@ -58,6 +58,29 @@ def test_member_does_not_depend_on_its_group(name, exact):
                 torch.testing.assert_close(v, y.state_dict[k], rtol=1e-4, atol=1e-5)
 
 
+def test_mlp_members_of_every_batch_size_train_in_lock_step_as_if_alone(mlp):
+    # batch sizes 32, 64 and 128 in one stack, SGD and Adam, dropout or not; schedules
+    # that end inside a block, at its end and blocks later: every member's bits are
+    # those it gets trained alone, and come back in the order given
+    hp = {
+        "epochs": {"int_uniform": [1, 9]},
+        "train_fraction": 0.12,
+        "dropout": {"choice": [0, 0.3]},
+    }
+    preset = load_preset("mnist1d-mlp", {"hyperparameters": hp})
+    data = mlp[1]
+    members = plans(preset, range(10))
+    hps = [m.hyperparameters for m in members]
+    assert {h["batch_size"] for h in hps} == {32, 64, 128}
+    assert {h["optimizer"] for h in hps} == {"sgd", "adam"}
+    assert {h["dropout"] for h in hps} == {0, 0.3}
+    together = train_members(preset, data, members)
+    steps = [r.metrics["steps"] for r in together]
+    assert min(steps) < BLOCK < max(steps) and len(set(steps)) > 5
+    alone = [train_members(preset, data, [m])[0] for m in members]
+    assert_same_members(together, alone)
+
+
 def reference_member(preset, data, member):
     """The same member trained the obvious way: one nn.Module, torch.optim, a loop."""
     hp = member.hyperparameters
