@@ -59,9 +59,13 @@ class LockstepMLPTrainer:
     ):
         sizes = sorted({int(m.hyperparameters["batch_size"]) for m in members})
 
-        def order(m):  # by batch size, SGD and Adam in turn first: fewest runs of one rule
-            b = int(m.hyperparameters["batch_size"])
-            return b, (m.hyperparameters["optimizer"] == "adam") != (sizes.index(b) % 2 == 1)
+        def order(m):
+            # by batch size; SGD and Adam first in turn (fewest runs of rows of one rule);
+            # within a batch size, the members with dropout in one run of rows
+            hp = m.hyperparameters
+            b = int(hp["batch_size"])
+            second_rule = (hp["optimizer"] == "adam") != (sizes.index(b) % 2 == 1)
+            return b, second_rule, (float(hp["dropout"]) > 0) != second_rule
 
         members = sorted(members, key=order)
         self.members, self.data, self.spec = members, data, spec
@@ -77,6 +81,7 @@ class LockstepMLPTrainer:
         self.stack = optim.FlatStack({f"layer{i}": a for i, a in enumerate(packed)})
         self.x_aug = stacked_mlp.with_ones(data.x_train)
         self.batch = torch.tensor([int(h["batch_size"]) for h in hp])
+        self.dropped = torch.tensor([float(h["dropout"]) > 0 for h in hp])
         self.hyper = optim.Hyper(
             torch.tensor([float(h["lr"]) for h in hp]),
             torch.tensor([float(h["weight_decay"]) for h in hp]),
@@ -106,7 +111,10 @@ class LockstepMLPTrainer:
         """Train every member its steps; ``[(member, state dict, metrics)]`` in stack order."""
         self._finish()
         while self._compact():
-            blocks = [self._block(b, start, stop) for b, start, stop in self.groups]
+            blocks = [
+                self._block(b, start, stop, masked)
+                for (b, start, stop), (masked, _, _) in zip(self.groups, self.programs, strict=True)
+            ]
             for k in range(BLOCK):
                 for g in self.live_groups:
                     _, gradients, x = self.programs[g]
@@ -159,31 +167,31 @@ class LockstepMLPTrainer:
                 self.groups.append([b, pos, pos + 1])
             else:
                 self.groups[-1][2] = pos + 1
-        self.programs = [
-            (
+        self.programs = []
+        for b, start, stop in self.groups:
+            dropped = torch.nonzero(self.dropped[self.rows[start:stop]]).flatten().tolist()
+            masked = slice(dropped[0], dropped[-1] + 1) if dropped else slice(0, 0)
+            gradients = stacked_mlp.LossGradients(
+                [p[start:stop] for p in self.params],
+                self.spec,
                 b,
-                stacked_mlp.LossGradients(
-                    [p[start:stop] for p in self.params],
-                    self.spec,
-                    b,
-                    [g[start:stop] for g in self.grads],
-                ),
-                self.x_aug.new_empty(stop - start, b, self.x_aug.shape[1]),
+                [g[start:stop] for g in self.grads],
+                masked,
             )
-            for b, start, stop in self.groups
-        ]
+            x = self.x_aug.new_empty(stop - start, b, self.x_aug.shape[1])
+            self.programs.append((masked, gradients, x))
         self.live_groups = list(range(len(self.groups)))
 
-    def _block(self, b: int, start: int, stop: int):
+    def _block(self, b: int, start: int, stop: int, masked: slice):
         """The next :data:`BLOCK` steps of the members of batch size ``b``.
 
-        Data indices ``(K, M_B * B)``, targets ``(K, M_B, B)``, dropout masks
-        ``{site: (M_B, K, B, w)}``.
+        Data indices ``(K, M_B * B)``, targets ``(K, M_B, B)``, and dropout masks
+        ``{site: (M_D, K, B, w)}`` of the ``M_D`` members with dropout (rows ``masked``).
         """
         rows = self.rows[start:stop]
         indices = torch.stack([self.streams[r].next_block() for r in rows.tolist()])
         y = self.targets[rows].gather(1, indices.view(len(rows), -1)).view(indices.shape)
-        masks = self.dropout[b].next_block(rows.tolist())
+        masks = self.dropout[b].next_block(rows[masked].tolist())
         return indices.transpose(0, 1).reshape(BLOCK, -1), y.transpose(0, 1).contiguous(), masks
 
     @torch.no_grad()

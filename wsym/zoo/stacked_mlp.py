@@ -187,6 +187,8 @@ class LossGradients:
         spec: the MLP (:func:`mlp_spec`).
         batch: examples per member and call, ``B``.
         out: tensors shaped like ``params`` to write the gradients into, or ``None``.
+        mask_rows: the members (a range of rows) that the dropout masks of a call
+            belong to, the others having none (as if their masks were all ones).
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class LossGradients:
         spec: MLPSpec,
         batch: int,
         out: list[torch.Tensor] | None = None,
+        mask_rows: slice = slice(None),
     ):
         m, kw = len(params[0]), {"dtype": params[0].dtype}
         self.params, self.spec, self.batch = params, spec, batch
@@ -203,9 +206,18 @@ class LossGradients:
         self.h = [torch.ones(m, batch, a.shape[1] + 1, **kw) for a in hidden]  # h_aug
         z = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
         body = [h[..., :-1] for h in self.h]
-        # forward, hidden layer i: (A_i^T, z_i, act(z_i) * mask, activation, dropout site)
+        self.mask_rows = mask_rows
+        # forward, hidden layer i: (A_i^T, z_i, act(z_i) * mask, its masked rows, activation,
+        # dropout site)
         self.hidden = [
-            (a.transpose(1, 2), z[i], body[i], spec.activations[i], spec.dropout[i])
+            (
+                a.transpose(1, 2),
+                z[i],
+                body[i],
+                body[i][mask_rows],
+                spec.activations[i],
+                spec.dropout[i],
+            )
             for i, a in enumerate(hidden)
         ]
         classes = params[-1].shape[1]
@@ -232,6 +244,7 @@ class LossGradients:
                     z[i - 1],
                     body[i - 1],
                     dz[i - 1],
+                    dz[i - 1][mask_rows],
                 )
             )
         self.first_error_t = errors[0].transpose(1, 2)
@@ -243,7 +256,7 @@ class LossGradients:
         """The gradients (into ``out``) on inputs ``x`` ``(M, B, d + 1)`` and labels ``y``."""
         used = self.masks  # each hidden layer's dropout mask, or None
         h = x
-        for i, (weight_t, z, body, act, site) in enumerate(self.hidden):
+        for i, (weight_t, z, body, masked, act, site) in enumerate(self.hidden):
             torch.bmm(h, weight_t, out=z)
             if act == "relu":
                 torch.clamp_min(z, 0.0, out=body)
@@ -251,7 +264,7 @@ class LossGradients:
                 body.copy_(_FORWARD[act](z))
             mask = used[i] = masks.get(site) if site is not None else None
             if mask is not None:
-                body.mul_(mask)
+                masked.mul_(mask)
             h = self.h[i]
         # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
         # than over a short last axis
@@ -260,16 +273,19 @@ class LossGradients:
         probs_t = torch.softmax(self.logits_t, 1, out=self.probs_t)
         probs_t.scatter_add_(1, y.unsqueeze(1), self.minus_one)
         probs_t.mul_(1.0 / self.batch)  # now dL/dz_last, transposed
-        for grad, inputs, dz_t, dz, a, dh_buffer, dh, j, z, body, dz_prev in self.backward:
+        for grad, inputs, dz_t, dz, a, dh_buffer, dh, j, z, body, dz_prev, masked in self.backward:
             torch.bmm(dz_t, inputs, out=grad)
             torch.bmm(dz, a, out=dh_buffer)
-            act, mask = self.hidden[j][3], used[j]
+            act, mask = self.hidden[j][4], used[j]
             if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
                 _aten.threshold_backward.grad_input(dh, body, 0.0, grad_input=dz_prev)
                 if mask is not None:
-                    dz_prev.mul_(mask)
+                    masked.mul_(mask)
             else:
-                dz_prev.copy_(_activation_backward(act, dh if mask is None else dh * mask, z))
+                if mask is not None:
+                    dh = dh.clone()
+                    dh[self.mask_rows] *= mask
+                dz_prev.copy_(_activation_backward(act, dh, z))
         grads = self.grads
         torch.bmm(self.first_error_t, x, out=grads[0])
         return grads
