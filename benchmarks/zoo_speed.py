@@ -20,7 +20,8 @@ Run::
     PYTHONPATH=. .venv/bin/python benchmarks/zoo_speed.py [--members 50] [--full] [--json out.json]
 
 Other processes on the machine slow every number here; the ratios are measured
-back to back in one run, so they are less affected than the absolute rates. Each
+interleaved (four batched runs of all N members, each followed by a quarter of
+the plain loop), so they are less affected than the absolute rates. Each
 ratio is given in wall-clock time and in CPU time of this process (both sides run
 on one thread), which does not count the time other processes held the core.
 """
@@ -112,9 +113,19 @@ def _run(fn) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def compare(preset, data, members, label) -> dict:
-    batched, batched_cpu = _run(lambda: train_members(preset, data, members))
-    plain, plain_cpu = _run(lambda: [plain_member(preset, data, m) for m in members])
+def compare(preset, data, members, label, rounds: int = 4) -> dict:
+    """Batched vs plain on ``members``, interleaved so both see the same machine load.
+
+    ``rounds`` times: train all members batched, then a slice (``1/rounds``)
+    of them with the plain loop; the plain time is the sum over slices, the
+    batched time the mean over rounds.
+    """
+    batched = batched_cpu = plain = plain_cpu = 0.0
+    for r in range(rounds):
+        wall, cpu = _run(lambda: train_members(preset, data, members))
+        batched, batched_cpu = batched + wall / rounds, batched_cpu + cpu / rounds
+        wall, cpu = _run(lambda r=r: [plain_member(preset, data, m) for m in members[r::rounds]])
+        plain, plain_cpu = plain + wall, plain_cpu + cpu
     n = len(members)
     result = {
         "members": n,
