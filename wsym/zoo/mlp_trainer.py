@@ -43,9 +43,11 @@ class LockstepMLPTrainer:
     """Members of one MLP classifier architecture, every batch size, in one stack.
 
     ``self.rows`` holds the indices (into ``self.members``) of the members
-    in the stack, in stack order (by batch size, then by optimizer, SGD and
-    Adam first in turn, so that each rule's rows form as few runs as possible);
-    ``self.groups`` cuts it into ``(batch, start, stop)`` blocks of rows.
+    in the stack, in stack order: by batch size, then by optimizer (SGD and
+    Adam first in turn, so that each rule's rows form as few runs as
+    possible), the members with dropout in one run of rows per batch size
+    (only they draw and apply masks). ``self.groups`` cuts the stack into
+    ``(batch, start, stop)`` blocks of rows.
 
     Args:
         preset: the zoo preset (its ``dropout_sites``).
@@ -171,6 +173,7 @@ class LockstepMLPTrainer:
         for b, start, stop in self.groups:
             dropped = torch.nonzero(self.dropped[self.rows[start:stop]]).flatten().tolist()
             masked = slice(dropped[0], dropped[-1] + 1) if dropped else slice(0, 0)
+            assert len(dropped) == masked.stop - masked.start  # one run (the stack's order)
             gradients = stacked_mlp.LossGradients(
                 [p[start:stop] for p in self.params],
                 self.spec,
