@@ -20,7 +20,10 @@ Run::
     PYTHONPATH=. .venv/bin/python benchmarks/zoo_speed.py [--members 50] [--full] [--json out.json]
 
 Other processes on the machine slow every number here; the ratios are measured
-back to back in one run, so they are less affected than the absolute rates.
+interleaved (four batched runs of all N members, each followed by a quarter of
+the plain loop), so they are less affected than the absolute rates. Each
+ratio is given in wall-clock time and in CPU time of this process (both sides run
+on one thread), which does not count the time other processes held the core.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from torch.nn import functional as F
 import wsym.zoo
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
-from wsym.zoo.batched import _DataStream, member_streams, train_members
+from wsym.zoo.batched import train_members
 from wsym.zoo.presets import load_preset
+from wsym.zoo.streams import DataStream, member_streams
 from wsym.zoo.tasks import load_task
 
 
@@ -46,7 +50,7 @@ def plain_member(preset, data, member):
     hp = member.hyperparameters
     seeds = member_streams(member.seed)
     model = initialise(member.architecture, seeds["init"], hp["init_scale"]).train()
-    stream = _DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
+    stream = DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
     gen = torch.Generator().manual_seed(seeds["dropout"])
     rate = hp["dropout"]
 
@@ -82,7 +86,7 @@ def matmul_flops(preset, members, data) -> float:
     for m in members:
         dims = [m.architecture["d_in"], *m.architecture["widths"], m.architecture["d_out"]]
         macs = sum(a * b for a, b in zip(dims[:-1], dims[1:], strict=True))
-        stream = _DataStream(data, m.hyperparameters, 0, m.hyperparameters["batch_size"], False)
+        stream = DataStream(data, m.hyperparameters, 0, m.hyperparameters["batch_size"], False)
         total += 6 * macs * stream.total_steps * m.hyperparameters["batch_size"]
         total += 2 * macs * (len(data.x_train) + len(data.x_test))
     return total
@@ -102,28 +106,44 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def compare(preset, data, members, label) -> dict:
-    start = time.perf_counter()
-    train_members(preset, data, members)
-    batched = time.perf_counter() - start
-    start = time.perf_counter()
-    for m in members:
-        plain_member(preset, data, m)
-    plain = time.perf_counter() - start
+def _run(fn) -> tuple[float, float]:
+    """Wall-clock and CPU (this process) seconds of ``fn()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def compare(preset, data, members, label, rounds: int = 4) -> dict:
+    """Batched vs plain on ``members``, interleaved so both see the same machine load.
+
+    ``rounds`` times: train all members batched, then a slice (``1/rounds``)
+    of them with the plain loop; the plain time is the sum over slices, the
+    batched time the mean over rounds.
+    """
+    batched = batched_cpu = plain = plain_cpu = 0.0
+    for r in range(rounds):
+        wall, cpu = _run(lambda: train_members(preset, data, members))
+        batched, batched_cpu = batched + wall / rounds, batched_cpu + cpu / rounds
+        wall, cpu = _run(lambda r=r: [plain_member(preset, data, m) for m in members[r::rounds]])
+        plain, plain_cpu = plain + wall, plain_cpu + cpu
     n = len(members)
     result = {
         "members": n,
         "batched_s": batched,
         "plain_s": plain,
+        "batched_cpu_s": batched_cpu,
+        "plain_cpu_s": plain_cpu,
         "batched_members_per_min": 60 * n / batched,
         "plain_members_per_min": 60 * n / plain,
         "ratio": plain / batched,
+        "ratio_cpu": plain_cpu / batched_cpu,
         "flops_per_s": matmul_flops(preset, members, data) / batched,
     }
     print(
         f"{label}: {n} members  batched {batched:.1f}s ({result['batched_members_per_min']:.0f}"
         f"/min)  plain loop {plain:.1f}s ({result['plain_members_per_min']:.0f}/min)  "
-        f"ratio {result['ratio']:.1f}x",
+        f"ratio {result['ratio']:.1f}x (CPU time: {batched_cpu:.1f}s vs {plain_cpu:.1f}s, "
+        f"{result['ratio_cpu']:.1f}x)",
         flush=True,
     )
     return result
@@ -141,6 +161,11 @@ def main() -> None:
     data = load_task(preset["dataset"])
     peak = peak_flops()
     print(f"large matmul (2048^2, float32, 1 thread): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    # warm-up (one-time costs of a process: lazy initialisation in torch), both sides
+    tiny = load_preset("mnist1d-mlp", {"hyperparameters": {"epochs": 1, "train_fraction": 0.05}})
+    warm = [plan_member(tiny, 0, i) for i in range(2)]
+    train_members(tiny, data, warm)
+    plain_member(tiny, data, warm[0])
     sampled = [plan_member(preset, 0, i) for i in range(args.members)]
     fixed_hp = {"batch_size": 64, "epochs": 10, "train_fraction": 1.0}
     fixed_preset = load_preset("mnist1d-mlp", {"hyperparameters": fixed_hp})

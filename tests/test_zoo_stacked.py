@@ -72,22 +72,26 @@ def test_hand_written_gradients_equal_autograd(act, widths, members, batch, drop
         torch.testing.assert_close(value, expected[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
-def test_workspace_and_out_buffers_give_the_same_gradients():
+def test_reused_buffers_and_out_tensors_give_the_same_gradients():
     torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))
-    spec = stacked_mlp.mlp_spec(base, ["1"])
+    base = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3))
+    spec = stacked_mlp.mlp_spec(base, ["1", "3"])
     state = {k: torch.randn(3, *v.shape) for k, v in base.state_dict().items()}
     params = stacked_mlp.pack(state, spec)
     out = [torch.empty_like(p) for p in params]
-    workspace: dict = {}
-    for _ in range(3):  # buffers reused across calls must not leak between them
+    gradients = stacked_mlp.LossGradients(params, spec, 6, out)
+    for step in range(3):  # buffers reused across calls must not leak between them
         x = stacked_mlp.with_ones(torch.randn(3, 6, 5))
         y = torch.randint(0, 3, (3, 6))
         masks = {"1": (torch.rand(3, 6, 4) > 0.5).float() * 2}
+        if step == 1:
+            masks["3"] = (torch.rand(3, 6, 4) > 0.5).float() * 2
         fresh = stacked_mlp.loss_gradients(params, x, y, masks, spec)
-        reused = stacked_mlp.loss_gradients(params, x, y, masks, spec, out, workspace)
+        reused = gradients(x, y, masks)
         assert all(torch.equal(a, b) for a, b in zip(fresh, reused, strict=True))
         assert all(a is b for a, b in zip(reused, out, strict=True))
+        with torch.no_grad():
+            params[0].add_(0.1)  # a call sees the parameters' current values
 
 
 def test_non_mlps_have_no_spec():

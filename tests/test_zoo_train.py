@@ -9,8 +9,9 @@ from torch.nn import functional as F
 from wsym.zoo import optim
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
-from wsym.zoo.batched import BLOCK, _DataStream, member_streams, train_members
+from wsym.zoo.batched import train_members
 from wsym.zoo.presets import load_preset
+from wsym.zoo.streams import BLOCK, DataStream, member_streams
 from wsym.zoo.tasks import load_task
 
 DTYPE = torch.float64
@@ -57,12 +58,35 @@ def test_member_does_not_depend_on_its_group(name, exact):
                 torch.testing.assert_close(v, y.state_dict[k], rtol=1e-4, atol=1e-5)
 
 
+def test_mlp_members_of_every_batch_size_train_in_lock_step_as_if_alone(mlp):
+    # batch sizes 32, 64 and 128 in one stack, SGD and Adam, dropout or not; schedules
+    # that end inside a block, at its end and blocks later: every member's bits are
+    # those it gets trained alone, and come back in the order given
+    hp = {
+        "epochs": {"int_uniform": [1, 9]},
+        "train_fraction": 0.12,
+        "dropout": {"choice": [0, 0.3]},
+    }
+    preset = load_preset("mnist1d-mlp", {"hyperparameters": hp})
+    data = mlp[1]
+    members = plans(preset, range(10))
+    hps = [m.hyperparameters for m in members]
+    assert {h["batch_size"] for h in hps} == {32, 64, 128}
+    assert {h["optimizer"] for h in hps} == {"sgd", "adam"}
+    assert {h["dropout"] for h in hps} == {0, 0.3}
+    together = train_members(preset, data, members)
+    steps = [r.metrics["steps"] for r in together]
+    assert min(steps) < BLOCK < max(steps) and len(set(steps)) > 5
+    alone = [train_members(preset, data, [m])[0] for m in members]
+    assert_same_members(together, alone)
+
+
 def reference_member(preset, data, member):
     """The same member trained the obvious way: one nn.Module, torch.optim, a loop."""
     hp = member.hyperparameters
     seeds = member_streams(member.seed)
     model = initialise(member.architecture, seeds["init"], hp["init_scale"]).to(DTYPE).train()
-    stream = _DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
+    stream = DataStream(data, hp, seeds["data"], hp["batch_size"], regression=False)
     if hp["optimizer"] == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     else:
@@ -154,7 +178,7 @@ def test_optimizer_step_equals_torch_optim(lr, wd, adam, steps, seed):
 def test_label_noise_and_subset_are_per_member(mlp):
     preset, data = mlp
     hp = {**plans(preset, [0])[0].hyperparameters, "label_noise": 0.5, "train_fraction": 0.5}
-    stream = _DataStream(data, hp, seed=3, batch=32, regression=False)
+    stream = DataStream(data, hp, seed=3, batch=32, regression=False)
     n = len(stream.subset)
     assert n == 2000 and int(stream.mask.sum()) == n
     flipped = stream.targets != data.y_train

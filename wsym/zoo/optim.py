@@ -13,9 +13,9 @@ Weight decay is the coupled L2 penalty of ``torch.optim.SGD``/``Adam``:
   ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``,
   ``p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
 
-Only the rule a member uses is computed: with the members ordered SGD first
-(then Adam), each rule runs on a contiguous block of rows with
-``torch._foreach`` kernels.
+Only the rule a member uses is computed: each rule runs on the runs of
+consecutive rows whose members use it, one ``torch._foreach`` kernel per
+operation for all of them.
 
 The updates match ``torch.optim`` to float32 rounding (``tests/test_zoo_train.py``
 checks this against a member trained alone).
@@ -81,24 +81,23 @@ def step(
 ) -> None:
     """One optimizer step of every member, in place on ``params`` and ``state``.
 
-    Each member is updated by its own rule only: with the members ordered SGD
-    first (``hyper.n_sgd``), each rule runs on its contiguous block of rows
-    (:class:`Plan`); otherwise the rows are permuted into that order and back.
+    Each member is updated by its own rule only (:class:`Plan`), in any order;
+    ``grads`` are left as they are.
     """
-    if hyper.n_sgd is None:
-        _step_unordered(params, grads, state, hyper)
-    else:
-        Plan(params, grads, state, hyper).step()
+    Plan(params, {k: g.clone() for k, g in grads.items()}, state, hyper).step()
 
 
 class Plan:
     """:func:`step` for a fixed stack, its row blocks and per-member views cut once.
 
     ``grads`` are the tensors the gradients will be written into (in place)
-    before each :meth:`step`; the plan holds views of them, of ``params`` and
+    before each :meth:`step`, which uses them up (adds the weight decay to them
+    in place); the plan holds views of them, of ``params`` and
     of ``state``, so a step is only the update kernels (``torch._foreach``,
     one call per kernel for all parameters). Build a new plan whenever the
-    stack changes. Members must be ordered SGD first (``hyper.n_sgd``).
+    stack changes. The members may come in any order: each rule runs on the
+    runs of consecutive rows that use it (one ``_foreach`` list of all of
+    them), fewest when the members are ordered by rule (``hyper.n_sgd``).
     With ``whole`` (the 1-D buffers of a :class:`FlatStack`), a rule that all
     members use runs on one tensor, with per-element learning rates and weight
     decays: the fewest kernels, which matters once few members are left.
@@ -112,11 +111,11 @@ class Plan:
         hyper: Hyper,
         whole: dict[str, torch.Tensor] | None = None,
     ):
-        if hyper.n_sgd is None:
-            raise ValueError("optim.Plan needs the members ordered SGD first, then Adam")
-        k, total, names = hyper.n_sgd, len(hyper.lr), list(params)
+        names, total = list(params), len(hyper.lr)
+        n_adam = int(hyper.is_adam.sum())
         self.state, self.blocks = state, []
-        mixed = 0 < k < total
+        self.tracked = any(p.requires_grad for p in params.values())
+        mixed = 0 < n_adam < total
         if whole is not None and (not mixed or whole["param"].numel() <= SMALL_STACK):
             # one tensor for everything, per-element hyperparameters
             sizes = [params[n][0].numel() for n in names]
@@ -124,43 +123,62 @@ class Plan:
                 torch.cat([h.view(-1, 1).expand(-1, n).reshape(-1) for n in sizes])
                 for h in (hyper.lr, hyper.weight_decay, hyper.is_adam)
             )
-            rule = _mixed if mixed else _adam if k == 0 else _sgd
+            rule = _mixed if mixed else _adam if n_adam else _sgd
             slots = {s: [whole[s]] for s in "bmv"}
             if mixed:
                 slots["adam"] = [adam]
             self.blocks.append((rule, [whole["param"]], [whole["grad"]], slots, [-lr], [wd]))
             return
-        for rows, rule in ((slice(0, k), _sgd), (slice(k, total), _adam)):
-            if rows.start == rows.stop:
+        runs = _runs(hyper.is_adam.tolist())
+        for flag, rule in ((False, _sgd), (True, _adam)):
+            rows = [r for r, f in runs if f == flag]
+            if not rows:
                 continue
-            p = [params[n][rows] for n in names]
+            p = [params[n][r] for r in rows for n in names]
             self.blocks.append(
                 (
                     rule,
                     p,
-                    [grads[n][rows] for n in names],
-                    {s: [state[f"{s}:{n}"][rows] for n in names] for s in "bmv"},
-                    _per_member(-hyper.lr[rows], p),
-                    _per_member(hyper.weight_decay[rows], p),
+                    [grads[n][r] for r in rows for n in names],
+                    {s: [state[f"{s}:{n}"][r] for r in rows for n in names] for s in "bmv"},
+                    [_per_member(-hyper.lr[r], params[n]) for r in rows for n in names],
+                    [_per_member(hyper.weight_decay[r], params[n]) for r in rows for n in names],
                 )
             )
 
-    @torch.no_grad()
     def step(self) -> None:
         """One step of every member, with the gradients now in the plan's ``grads``."""
-        self.state["step"] += 1
-        t = float(self.state["step"])
+        if self.tracked:
+            with torch.no_grad():
+                self._step()
+        else:  # no autograd to keep out: spare the context manager (a step is ~20 us)
+            self._step()
+
+    def _step(self) -> None:
+        step = self.state["step"]
+        t = float(step) + 1
+        step.fill_(t)
         for rule, p, g, slots, neg_lr, wd in self.blocks:
             rule(p, g, slots, neg_lr, wd, t)
 
 
-def _per_member(values: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [values.view(-1, *(1,) * (p.dim() - 1)) for p in like]
+def _runs(flags: list[bool]) -> list[tuple[slice, bool]]:
+    """Maximal runs of equal consecutive ``flags``: ``[(rows, flag), ...]``."""
+    runs, start = [], 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            runs.append((slice(start, i), flags[start]))
+            start = i
+    return runs
+
+
+def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return values.view(-1, *(1,) * (like.dim() - 1))
 
 
 def _sgd(p, g, state, neg_lr, wd, t) -> None:
     """SGD: ``g <- g + wd p``, ``b <- mu b + g``, ``p <- p - lr b`` (``b`` starts at 0)."""
-    g = torch._foreach_addcmul(g, p, wd)
+    torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
     b = state["b"]
     torch._foreach_mul_(b, MOMENTUM)
     torch._foreach_add_(b, g)
@@ -169,7 +187,7 @@ def _sgd(p, g, state, neg_lr, wd, t) -> None:
 
 def _adam(p, g, state, neg_lr, wd, t) -> None:
     """``torch.optim.Adam``'s update, per-member ``lr`` and coupled weight decay ``wd``."""
-    g = torch._foreach_addcmul(g, p, wd)
+    torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
     direction = _adam_direction(g, state["m"], state["v"], t)
     torch._foreach_addcmul_(p, direction, neg_lr)
 
@@ -192,7 +210,7 @@ def _adam_direction(g, m, v, t) -> list:
 
 def _mixed(p, g, state, neg_lr, wd, t) -> None:
     """Both rules on every element, each element keeping its member's (``state["adam"]``)."""
-    g = torch._foreach_addcmul(g, p, wd)
+    torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
     b = state["b"]
     torch._foreach_mul_(b, MOMENTUM)
     torch._foreach_add_(b, g)
@@ -200,22 +218,6 @@ def _mixed(p, g, state, neg_lr, wd, t) -> None:
     for d, adam, momentum in zip(direction, state["adam"], b, strict=True):
         torch.where(adam, d, momentum, out=d)
     torch._foreach_addcmul_(p, direction, neg_lr)
-
-
-def _step_unordered(params, grads, state, hyper) -> None:
-    """:func:`step` for members in any order: permute SGD first, update, permute back."""
-    order = torch.argsort(hyper.is_adam.to(torch.int8), stable=True)
-    ordered = hyper.select(order)
-    state_sorted = {k: v[order] for k, v in state.items() if k != "step"}
-    params_sorted = {k: v[order] for k, v in params.items()}
-    grads_sorted = {k: v[order] for k, v in grads.items()}
-    state_sorted["step"] = state["step"]  # the same tensor: the plan's step counts here
-    Plan(params_sorted, grads_sorted, state_sorted, ordered).step()
-    for k, v in params_sorted.items():
-        params[k][order] = v
-    for k, v in state_sorted.items():
-        if k != "step":
-            state[k][order] = v
 
 
 class FlatStack:

@@ -155,7 +155,6 @@ def loss_gradients(
     masks: dict[str, torch.Tensor],
     spec: MLPSpec,
     out: list[torch.Tensor] | None = None,
-    workspace: dict | None = None,
 ) -> list[torch.Tensor]:
     """Gradients of ``sum_m mean_b CE(f_m(x_mb), y_mb)`` w.r.t. the augmented layers.
 
@@ -167,62 +166,129 @@ def loss_gradients(
             missing from ``masks`` is not dropped.
         spec: the MLP (:func:`mlp_spec`).
         out: tensors shaped like ``params`` to write the gradients into, or ``None``.
-        workspace: a dict kept by the caller between calls with the same shapes;
-            it caches the activation buffers (their columns of ones) across calls.
 
     Returns:
         ``dL/dA_l``, shaped like ``params`` (``out`` when given).
     """
-    m, b = y.shape
-    inputs = [x]  # h_aug of each layer
-    saved = []  # what each hidden layer's backward needs
-    h = x
-    last = len(params) - 1
-    for i, a in enumerate(params[:-1]):
-        z = torch.bmm(h, a.transpose(1, 2))
-        act = spec.activations[i]
-        h = _cached(workspace, ("h", i, m, b), lambda z=z: with_ones(z))
-        body = h[..., :-1]
-        if act == "relu":
-            torch.clamp_min(z, 0.0, out=body)
-        else:
-            body.copy_(_FORWARD[act](z))
-        mask = masks.get(spec.dropout[i]) if spec.dropout[i] is not None else None
-        if mask is not None:
-            body.mul_(mask)
-        saved.append((z, body, mask))
-        inputs.append(h)
-    # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
-    # than over a short last axis
-    dz_t = torch.softmax(torch.bmm(params[last], h.transpose(1, 2)), dim=1)
-    minus_one = _cached(workspace, ("y", m, b), lambda: h.new_full((m, 1, b), -1.0))
-    dz_t.scatter_add_(1, y.unsqueeze(1), minus_one)
-    dz_t.mul_(1.0 / b)
-    grads: list[torch.Tensor] = [torch.empty(0)] * len(params)
-    for i in range(last, -1, -1):
-        target = out[i] if out is not None else None
-        grads[i] = torch.bmm(dz_t, inputs[i], out=target)
-        if i == 0:
-            break
-        dh = torch.bmm(dz_t.transpose(1, 2), params[i])[..., :-1]
-        z, body, mask = saved[i - 1]
-        act = spec.activations[i - 1]
-        if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
-            dz = _aten.threshold_backward(dh, body, 0.0)
+    return LossGradients(params, spec, y.shape[1], out)(x, y, masks)
+
+
+class LossGradients:
+    """:func:`loss_gradients` of fixed parameter tensors and batch size, buffers made once.
+
+    Training calls the same stack thousands of times, so every intermediate
+    (pre-activations, activations with their column of ones, the transposed
+    logits, back-propagated errors) gets a buffer here once, and a call is
+    only the kernels, each writing into its buffer. ``params`` and ``out``
+    are held, not copied: a call sees the parameters' current values.
+
+    Args:
+        params: augmented layers ``A_l`` ``(M, out_l, in_l + 1)``.
+        spec: the MLP (:func:`mlp_spec`).
+        batch: examples per member and call, ``B``.
+        out: tensors shaped like ``params`` to write the gradients into, or ``None``.
+        mask_rows: the members (a range of rows) that the dropout masks of a call
+            belong to, the others having none (as if their masks were all ones).
+    """
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        spec: MLPSpec,
+        batch: int,
+        out: list[torch.Tensor] | None = None,
+        mask_rows: slice = slice(None),
+    ):
+        m, kw = len(params[0]), {"dtype": params[0].dtype}
+        self.params, self.spec, self.batch = params, spec, batch
+        self.grads = out if out is not None else [torch.empty_like(a) for a in params]
+        hidden = params[:-1]
+        self.h = [torch.ones(m, batch, a.shape[1] + 1, **kw) for a in hidden]  # h_aug
+        z = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        body = [h[..., :-1] for h in self.h]
+        self.mask_rows = mask_rows
+        # forward, hidden layer i: (A_i^T, z_i, act(z_i) * mask, its masked rows, activation,
+        # dropout site)
+        self.hidden = [
+            (
+                a.transpose(1, 2),
+                z[i],
+                body[i],
+                body[i][mask_rows],
+                spec.activations[i],
+                spec.dropout[i],
+            )
+            for i, a in enumerate(hidden)
+        ]
+        classes = params[-1].shape[1]
+        self.logits_t = torch.empty(m, classes, batch, **kw)
+        self.probs_t = torch.empty(m, classes, batch, **kw)
+        self.last_input_t = self.h[-1].transpose(1, 2) if hidden else None
+        self.minus_one = torch.full((m, 1, batch), -1.0, **kw)
+        # backward, layer i >= 1: (dL/dA_i, h_aug_i, dz_i^T, dz_i, A_i, dh buffer, dh, ...)
+        dz = [torch.empty(m, batch, a.shape[1], **kw) for a in hidden]
+        errors = [*dz, self.probs_t.transpose(1, 2)]  # dz_i (M, B, out_i), i = 0..last
+        self.backward = []
+        for i in range(len(params) - 1, 0, -1):
+            dh = torch.empty(m, batch, params[i].shape[2], **kw)
+            self.backward.append(
+                (
+                    self.grads[i],
+                    self.h[i - 1],
+                    errors[i].transpose(1, 2),
+                    errors[i],
+                    params[i],
+                    dh,
+                    dh[..., :-1],
+                    i - 1,
+                    z[i - 1],
+                    body[i - 1],
+                    dz[i - 1],
+                    dz[i - 1][mask_rows],
+                )
+            )
+        self.first_error_t = errors[0].transpose(1, 2)
+        self.masks: list[torch.Tensor | None] = [None] * len(hidden)
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """The gradients (into ``out``) on inputs ``x`` ``(M, B, d + 1)`` and labels ``y``."""
+        used = self.masks  # each hidden layer's dropout mask, or None
+        h = x
+        for i, (weight_t, z, body, masked, act, site) in enumerate(self.hidden):
+            torch.bmm(h, weight_t, out=z)
+            if act == "relu":
+                torch.clamp_min(z, 0.0, out=body)
+            else:
+                body.copy_(_FORWARD[act](z))
+            mask = used[i] = masks.get(site) if site is not None else None
             if mask is not None:
-                dz.mul_(mask)
-        else:
-            dz = _activation_backward(act, dh if mask is None else dh * mask, z)
-        dz_t = dz.transpose(1, 2)
-    return grads
-
-
-def _cached(workspace: dict | None, key: tuple, make) -> torch.Tensor:
-    if workspace is None:
-        return make()
-    if key not in workspace:
-        workspace[key] = make()
-    return workspace[key]
+                masked.mul_(mask)
+            h = self.h[i]
+        # the logits transposed, (M, C, B): softmax over a middle axis is ~20x faster on CPU
+        # than over a short last axis
+        last_input_t = self.last_input_t if self.hidden else x.transpose(1, 2)
+        torch.bmm(self.params[-1], last_input_t, out=self.logits_t)
+        probs_t = torch.softmax(self.logits_t, 1, out=self.probs_t)
+        probs_t.scatter_add_(1, y.unsqueeze(1), self.minus_one)
+        probs_t.mul_(1.0 / self.batch)  # now dL/dz_last, transposed
+        for grad, inputs, dz_t, dz, a, dh_buffer, dh, j, z, body, dz_prev, masked in self.backward:
+            torch.bmm(dz_t, inputs, out=grad)
+            torch.bmm(dz, a, out=dh_buffer)
+            act, mask = self.hidden[j][4], used[j]
+            if act == "relu":  # body = relu(z) * mask > 0 exactly where the derivative is nonzero
+                _aten.threshold_backward.grad_input(dh, body, 0.0, grad_input=dz_prev)
+                if mask is not None:
+                    masked.mul_(mask)
+            else:
+                if mask is not None:
+                    dh = dh.clone()
+                    dh[self.mask_rows] *= mask
+                dz_prev.copy_(_activation_backward(act, dh, z))
+        grads = self.grads
+        torch.bmm(self.first_error_t, x, out=grads[0])
+        return grads
 
 
 def _activation_backward(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

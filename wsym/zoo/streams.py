@@ -1,0 +1,180 @@
+"""What each zoo member draws from its own seeds, and how a member is scored.
+
+A member's randomness comes from three independent streams
+(:func:`member_streams`): its initial weights, its data (training subset,
+label noise, data order) and its dropout masks. Nothing here depends on the
+other members trained alongside, which is what lets batched training give
+each member the same bits whichever members it trains with.
+
+* **data** (:class:`DataStream`): a random subset of
+  ``n = max(B, round(train_fraction * N))`` training examples; each epoch
+  visits it in a fresh random order in batches of ``B``, dropping the last
+  incomplete batch, so every step sees exactly ``B`` examples
+  (``epochs * (n // B)`` steps in all).
+* **label noise**: a fraction ``label_noise`` of the subset gets a wrong label,
+  uniform over the other classes (classification), or Gaussian noise of standard
+  deviation ``label_noise * std(y)`` on the targets (regression).
+* **dropout** (:class:`DropoutMasks`): inverted dropout, a unit kept where the
+  member's uniform draw is ``>= p`` and scaled by ``1 / (1 - p)``.
+* **metrics** (:func:`member_metrics`): loss and accuracy on the member's own
+  training subset with its own (noisy) labels, and on the clean test split.
+
+Data order and masks are drawn :data:`BLOCK` steps at a time.
+
+Example:
+    >>> from wsym.zoo.presets import load_preset
+    >>> from wsym.zoo.tasks import load_task
+    >>> data = load_task(load_preset("mnist1d-mlp")["dataset"])
+    >>> hp = {"train_fraction": 0.1, "label_noise": 0.0, "epochs": 3}
+    >>> stream = DataStream(data, hp, seed=0, batch=32, regression=False)
+    >>> stream.total_steps, tuple(stream.next_block().shape)
+    (36, (32, 32))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from wsym.data import Dataset
+from wsym.zoo.presets import member_seed
+
+#: Steps of data order (and dropout masks) drawn at once per member.
+BLOCK = 32
+
+
+def member_streams(seed: int) -> dict[str, int]:
+    """Independent seeds of a member's initial weights, data and dropout masks."""
+    return {name: member_seed(seed, 0, k) for k, name in enumerate(("init", "data", "dropout"), 1)}
+
+
+class DataStream:
+    """One member's training subset, noisy targets and data order (its own generator)."""
+
+    def __init__(self, data: Dataset, hp: dict[str, Any], seed: int, batch: int, regression: bool):
+        gen = torch.Generator().manual_seed(seed)
+        n_all = len(data.y_train)
+        n = min(n_all, max(batch, round(float(hp["train_fraction"]) * n_all)))
+        self.subset = torch.randperm(n_all, generator=gen)[:n]
+        targets = data.y_train.clone()
+        noise = float(hp["label_noise"])
+        if regression:
+            scale = noise * float(data.y_train.std())
+            targets[self.subset] += scale * torch.randn(n, generator=gen)
+        else:
+            classes = int(max(data.y_train.max(), data.y_test.max())) + 1
+            noisy = self.subset[torch.randperm(n, generator=gen)[: round(noise * n)]]
+            shift = torch.randint(1, classes, (len(noisy),), generator=gen)
+            targets[noisy] = (targets[noisy] + shift) % classes
+        self.targets = targets
+        self.mask = torch.zeros(n_all, dtype=torch.bool)
+        self.mask[self.subset] = True
+        self.batch, self.per_epoch = batch, n // batch
+        self.total_steps = int(hp["epochs"]) * self.per_epoch
+        self.gen = gen
+        self.pending = torch.empty(0, dtype=torch.long)
+
+    def next_block(self) -> torch.Tensor:
+        """Example indices of the next :data:`BLOCK` steps, ``(BLOCK, B)``."""
+        need = BLOCK * self.batch
+        while len(self.pending) < need:
+            order = self.subset[torch.randperm(len(self.subset), generator=self.gen)]
+            self.pending = torch.cat([self.pending, order[: self.per_epoch * self.batch]])
+        block, self.pending = self.pending[:need], self.pending[need:]
+        return block.view(BLOCK, self.batch)
+
+
+class DropoutMasks:
+    """Inverted dropout masks of members at named sites, a generator per member.
+
+    Args:
+        rates: dropout rate ``p_m`` of each member.
+        seeds: dropout seed of each member (:func:`member_streams`).
+        shapes: per-example output shape of each site, in forward order (the
+            masks of a block are drawn site by site, member by member).
+    """
+
+    def __init__(self, rates: list[float], seeds: list[int], shapes: dict[str, torch.Size]):
+        self.rates, self.shapes = rates, dict(shapes)
+        self.gens = [
+            torch.Generator().manual_seed(s) if r > 0 else None
+            for r, s in zip(rates, seeds, strict=True)
+        ]
+
+    def next_block(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """Masks ``(M, BLOCK, *shape)`` of members ``rows`` for the next steps (``{}``: none).
+
+        Member ``r`` keeps a unit where its uniform draw is ``>= p_r`` and scales
+        it by ``1 / (1 - p_r)``; members with ``p_r = 0`` draw nothing (all ones).
+        """
+        rates = [self.rates[r] for r in rows]
+        if not self.shapes or not any(rates):
+            return {}
+        rate = torch.tensor(rates)
+        scale = 1.0 / (1.0 - rate)
+        out = {}
+        for site, shape in self.shapes.items():
+            draws = torch.empty(len(rows), BLOCK, *shape)
+            for slot, r, p in zip(draws, rows, rates, strict=True):
+                if p == 0:
+                    slot.fill_(1.0)
+                else:
+                    slot.uniform_(generator=self.gens[r])
+            per_member = (-1, *(1,) * (draws.dim() - 1))
+            torch.ge(draws, rate.view(per_member), out=draws)  # 1.0 where kept, else 0.0
+            out[site] = draws.mul_(scale.view(per_member))
+        return out
+
+
+def example_loss(out: torch.Tensor, y: torch.Tensor, regression: bool) -> torch.Tensor:
+    """Per-example loss ``(M, B)`` of outputs ``(M, B, C)`` (or ``(M, B)``) and targets."""
+    if regression:
+        return (out - y) ** 2
+    m, b = y.shape
+    return F.cross_entropy(out.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
+
+
+def member_metrics(
+    train_out: torch.Tensor,
+    test_out: torch.Tensor,
+    streams: list[DataStream],
+    y_test: torch.Tensor,
+    regression: bool,
+) -> dict[str, torch.Tensor]:
+    """Loss, accuracy and gap ``(M,)`` of members from their outputs on all examples.
+
+    ``train_out`` ``(M, N, ...)`` are the members' outputs on every training
+    example; each member is scored on its own subset with its own targets
+    (``streams``); a classifier's loss is computed on that subset only.
+    ``test_out`` ``(M, N_test, ...)`` is scored against the clean ``y_test``.
+    The gap is ``train_acc - test_acc`` (classification) or
+    ``test_loss - train_loss`` (regression, whose accuracies are NaN).
+    """
+    targets = torch.stack([s.targets for s in streams])
+    member_mask = torch.stack([s.mask for s in streams])
+    mask = member_mask.float()
+    count = mask.sum(dim=1)
+    test_y = y_test.expand(len(streams), -1)
+    if regression:
+        train_loss = example_loss(train_out, targets, regression)
+    else:  # cross-entropy on each member's own subset only (zero elsewhere, masked anyway)
+        train_loss = torch.zeros(member_mask.shape, dtype=train_out.dtype)
+        rows, cols = torch.nonzero(member_mask, as_tuple=True)
+        train_loss[rows, cols] = F.cross_entropy(
+            train_out[rows, cols], targets[rows, cols], reduction="none"
+        )
+    metrics = {
+        "train_loss": (train_loss * mask).sum(1) / count,
+        "test_loss": example_loss(test_out, test_y, regression).mean(dim=1),
+    }
+    if regression:
+        metrics["train_acc"] = metrics["test_acc"] = torch.full_like(count, float("nan"))
+        metrics["gap"] = metrics["test_loss"] - metrics["train_loss"]
+    else:
+        correct = (train_out.argmax(-1) == targets).float()
+        metrics["train_acc"] = (correct * mask).sum(1) / count
+        metrics["test_acc"] = (test_out.argmax(-1) == test_y).float().mean(dim=1)
+        metrics["gap"] = metrics["train_acc"] - metrics["test_acc"]
+    return metrics
