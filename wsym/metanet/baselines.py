@@ -17,8 +17,6 @@ invariant to by construction):
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 

@@ -89,7 +89,9 @@ def fit(
         graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
         members: perceptrons averaged in the statistics branch (an ensemble).
         stat_hidden: their width.
-        stat_epochs, stat_patience, stat_lr: their training (stage 1).
+        stat_epochs: largest number of epochs of each of them (stage 1).
+        stat_patience: their early-stopping patience.
+        stat_lr: their AdamW learning rate.
 
     Returns:
         A :class:`~wsym.metanet.predictor.Predictor`; ``config["report"]`` has the

@@ -98,8 +98,9 @@ class TypedEncoder(nn.Module):
 
 
 class WeightGraphNet(nn.Module):
-    """Invariant meta-network: graph branch (typed encoders, ``layers`` x
-    :class:`EdgeNodeConv`, pooled readout) plus statistics branch.
+    """Invariant meta-network: a graph branch plus a statistics branch, added.
+
+    The graph branch: typed encoders, ``layers`` x :class:`EdgeNodeConv`, pooled readout.
 
     Args:
         num_node_types, num_classes, num_edge_types, num_attr_types: from the schema.
@@ -137,7 +138,8 @@ class WeightGraphNet(nn.Module):
 
     def forward(self, batch) -> Tensor:
         """``(B, outputs)`` predictions: graph branch + statistics branch."""
-        return self.graph_branch(batch) + self.stats(stat_input(batch, self.node_embed.weight.dtype))
+        stats = stat_input(batch, self.node_embed.weight.dtype)
+        return self.graph_branch(batch) + self.stats(stats)
 
     def graph_branch(self, batch) -> Tensor:
         """``(B, outputs)`` the message-passing branch alone."""
