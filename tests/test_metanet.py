@@ -231,3 +231,15 @@ def test_statistics_readout_and_old_format(trained, tmp_path):
     save_file(load_file(str(path)), str(path), metadata={"wsym.metanet": json.dumps(meta)})
     with pytest.raises(WsymInputError, match="another version.*retrain"):
         load(path)
+
+
+def test_statistics_stage_alone_and_graph_residual(trained):
+    from wsym.metanet import batch_graphs
+
+    p, sds, y = trained
+    q = fit(None, sds[:28], y[:28], spec=p.spec, epochs=0, hidden=16, seed=0)
+    rep = q.config["report"]
+    assert rep["best_epoch"] == 0 and rep["val_tau"] == rep["statistics_val_tau"]
+    with torch.no_grad():
+        assert torch.count_nonzero(q.net.graph_branch(batch_graphs(q.graphs(sds[:4])))) == 0
+    assert kendall_tau(y[28:], q.predict(sds[28:])) > 0.5
