@@ -70,6 +70,13 @@ def main() -> None:  # noqa: D103
     print(format_table(report))
     for r in report["rows"]:
         print(f"  {r['name']}: {r['seconds']:.0f}s for {r['seeds']} seed(s)")
+        for rep in r.get("reports", []):
+            print(
+                f"    seed {rep['seed']}: val tau statistics branch {rep['statistics_val_tau']:.3f}"
+                f" -> with graph branch {rep['val_tau']:.3f} (best graph epoch "
+                f"{rep['best_epoch']} of {rep['epochs_run']}; 0 = graph branch not kept), "
+                f"{rep['statistics_seconds']:.0f}s + {rep['train_seconds']:.0f}s"
+            )
     if args.no_timing:
         return
     spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())

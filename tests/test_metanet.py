@@ -214,18 +214,32 @@ def test_statistics_readout_and_old_format(trained, tmp_path):
 
     from safetensors.torch import load_file, safe_open, save_file
 
-    from wsym.metanet.graph import tensor_statistics
+    from wsym.metanet.statistics import statistic_width, tensor_statistics
 
     p, sds, _ = trained
     g = p.graphs(sds[:1])[0]
-    assert g.stat_attr.shape == (1, 7 * len(p.schema.plans)) == (1, p.schema.stat_width)
+    widths = [statistic_width(plan.shape) for plan in p.schema.plans]
+    assert g.stat_attr.shape == (1, sum(widths)) == (1, p.schema.stat_width)
+    assert widths[0] == 25 and widths[1] == 9  # 0.weight (6, 4): matrix statistics; 0.bias
     form = wsym.metanet.invariant_form(sds[0], p.spec)
     assert torch.allclose(g.stat_attr[0, :7], tensor_statistics(form[p.schema.plans[0].name]))
     path = tmp_path / "m.safetensors"
     p.save(path)
     with safe_open(str(path), "pt") as f:
         meta = json.loads(f.metadata()["wsym.metanet"])
-    meta["format"] = 1
+    meta["format"] = 2
     save_file(load_file(str(path)), str(path), metadata={"wsym.metanet": json.dumps(meta)})
     with pytest.raises(WsymInputError, match="another version.*retrain"):
         load(path)
+
+
+def test_statistics_stage_alone_and_graph_residual(trained):
+    from wsym.metanet import batch_graphs
+
+    p, sds, y = trained
+    q = fit(None, sds[:28], y[:28], spec=p.spec, epochs=0, hidden=16, seed=0)
+    rep = q.config["report"]
+    assert rep["best_epoch"] == 0 and rep["val_tau"] == rep["statistics_val_tau"]
+    with torch.no_grad():
+        assert torch.count_nonzero(q.net.graph_branch(batch_graphs(q.graphs(sds[:4])))) == 0
+    assert kendall_tau(y[28:], q.predict(sds[28:])) > 0.5

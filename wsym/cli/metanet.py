@@ -146,7 +146,8 @@ def run_train(args: argparse.Namespace) -> int:
     out.with_suffix(".md").write_text(model_card(p, args.zoo, ids, tau))
     rep = p.config["report"]
     print(
-        f"wrote {out} (test Kendall tau {tau:.3f}, {rep['train_seconds']:.0f}s training, "
+        f"wrote {out} (test Kendall tau {tau:.3f}, "
+        f"{rep['statistics_seconds'] + rep['train_seconds']:.0f}s training, "
         f"{rep['graphs_per_second']:.0f} graphs/s)"
     )
     return EXIT_OK
@@ -162,17 +163,20 @@ def model_card(p: Any, zoo: str, ids: dict, tau: float | None) -> str:
             "",
             f"- architecture: {len(p.schema.plans)} tensors; symmetries: {kinds}",
             f"- training: {len(ids['train'])} train / {len(ids['val'])} val members (zoo splits), "
-            f"seed {rep['seed']}, best epoch {rep['best_epoch']} of {rep['epochs_run']}, "
-            f"{rep['train_seconds']:.0f}s on CPU ({rep.get('graphs_per_second', 0):.0f} "
-            "training graphs/s)",
+            f"seed {rep['seed']}, best graph epoch {rep['best_epoch']} of {rep['epochs_run']}, "
+            f"{rep['statistics_seconds'] + rep['train_seconds']:.0f}s on CPU "
+            f"({rep.get('graphs_per_second', 0):.0f} training graphs/s in the graph stage)",
             f"- test split: {len(ids['test'])} members, Kendall tau {tau:.3f}"
             if tau is not None
             else "- test split: none",
             f"- validation Kendall tau: {rep['val_tau']:.3f}",
             f"- network: {p.config['layers']} message-passing layers, width {p.config['hidden']}",
             "- invariant to every group of the spec (canonical forms + message passing)",
-            "- readout: node/edge means per class and type + per-tensor statistics of the "
-            "invariant weights",
+            f"- statistics branch: {p.config['members']} perceptrons (width "
+            f"{p.config['stat_hidden']}) on quantile-normalized per-tensor statistics of the "
+            f"invariant weights (validation tau {rep['statistics_val_tau']:.3f} alone); graph "
+            "branch on top "
+            + ("kept" if rep["best_epoch"] else "not kept (did not raise the validation tau)"),
             f"- command: `wsym metanet train --zoo {zoo} --out FILE --seed {rep['seed']} "
             f"--hidden {p.config['hidden']}`",
             "",

@@ -17,15 +17,13 @@ invariant to by construction):
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
 from wsym.metanet.fit import fit
 from wsym.metanet.invariant import invariant_form
-from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
+from wsym.metanet.statistics import train_vector_model
 from wsym.spec import SymmetrySpec
 
 QUANTILES = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
@@ -83,51 +81,6 @@ class StatNN:
 
     def predict(self, sds) -> torch.Tensor:  # noqa: D102
         return torch.as_tensor(self.model.predict(self._x(sds)))
-
-
-def train_vector_model(
-    net: nn.Module,
-    x,
-    y,
-    x_val,
-    y_val,
-    *,
-    epochs=300,
-    lr=1e-3,
-    batch_size=32,
-    weight_decay=1e-4,
-    patience=40,
-    seed=0,
-    rank_weight=1.0,
-) -> nn.Module:
-    """Adam on MSE + pairwise ranking loss, early stopping on validation Kendall tau.
-
-    ``x`` is anything ``net`` takes with an index (``x[idx]``); ``y`` standardized ``(n,)``.
-    """
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
-    gen = torch.Generator().manual_seed(seed)
-    best = (-2.0, 0, copy.deepcopy(net.state_dict()))
-    for epoch in range(1, epochs + 1):
-        net.train()
-        for idx in torch.randperm(len(y), generator=gen).split(batch_size):
-            if len(idx) < 2:
-                continue
-            pred = net(x[idx]).reshape(-1)
-            loss = nn.functional.mse_loss(pred, y[idx]) + rank_weight * pairwise_rank_loss(
-                pred, y[idx]
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        net.eval()
-        with torch.no_grad():
-            tau = kendall_tau(y_val, net(x_val).reshape(-1))
-        if tau > best[0]:
-            best = (tau, epoch, copy.deepcopy(net.state_dict()))
-        elif epoch - best[1] >= patience:
-            break
-    net.load_state_dict(best[2])
-    return net.eval()
 
 
 class _Standardized:

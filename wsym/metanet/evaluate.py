@@ -112,6 +112,8 @@ def evaluate(
                 taus.append(kendall_tau(ys["test"], pred))
                 r2s.append(r2(ys["test"], pred))
                 preds.append(pred)
+                if getattr(p, "predictor", None) is not None:  # the metanet's training report
+                    row.setdefault("reports", []).append(p.predictor.config["report"])
                 report["test_predictions"].setdefault(name, pred.tolist())
             row["claims"] = p.claims
             fn = lambda sd, p=p: p.predict([sd])  # noqa: E731

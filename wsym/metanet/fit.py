@@ -2,14 +2,23 @@ r"""Training a meta-network on any list of checkpoints of one architecture.
 
 ``fit`` detects the symmetry spec (or takes one), maps every state dict to its
 invariant weight graph once, and trains a :class:`~wsym.metanet.layers.WeightGraphNet`
-with Adam on standardized targets, minimizing
+with AdamW on standardized targets, minimizing
 
 .. math:: \mathrm{MSE}(p, y) + \lambda \cdot \mathrm{mean}_{y_i \neq y_j}
     \log(1 + e^{-(p_i - p_j)\,\mathrm{sign}(y_i - y_j)})
 
-(a pairwise ranking term), keeping the weights with the best validation Kendall
-tau (early stopping with ``patience`` epochs). Everything random comes from
-``seed``.
+(a pairwise ranking term), in two stages, each keeping the weights with the
+best validation Kendall tau (early stopping):
+
+1. the statistics branch alone: each of its ``members`` perceptrons on the
+   quantile-normalized per-tensor statistics (cheap: one vector per member,
+   ``stat_epochs`` / ``stat_patience``);
+2. the graph branch on top (its last layer starts at zero, so it starts from
+   the statistics branch's prediction and learns the residual; the statistics
+   branch is frozen), ``epochs`` / ``patience``; it is kept only where it
+   raises the validation tau (``epochs=0`` skips it).
+
+Everything random comes from ``seed``.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.layers import stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
 from wsym.metanet.predictor import Predictor, network_for
+from wsym.metanet.statistics import train_vector_model
 from wsym.spec import SymmetrySpec
 
 
@@ -49,6 +59,11 @@ def fit(
     patience: int = 20,
     seed: int = 0,
     graphs=None,
+    members: int = 5,
+    stat_hidden: int = 64,
+    stat_epochs: int = 300,
+    stat_patience: int = 40,
+    stat_lr: float = 1e-3,
 ) -> Predictor:
     """Train a meta-network predicting ``targets`` from ``state_dicts``.
 
@@ -72,6 +87,11 @@ def fit(
         patience: epochs without a better validation tau before stopping.
         seed: seeds the network's initialization and the batch orders.
         graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
+        members: perceptrons averaged in the statistics branch (an ensemble).
+        stat_hidden: their width.
+        stat_epochs: largest number of epochs of each of them (stage 1).
+        stat_patience: their early-stopping patience.
+        stat_lr: their AdamW learning rate.
 
     Returns:
         A :class:`~wsym.metanet.predictor.Predictor`; ``config["report"]`` has the
@@ -112,14 +132,30 @@ def fit(
         "target_std": std.tolist(),
         "hidden": hidden,
         "layers": layers,
+        "stat_hidden": stat_hidden,
+        "members": members,
     }
     torch.manual_seed(seed)
-    net = network_for(probe.schema, hidden, layers, y.shape[1])
+    net = network_for(probe.schema, hidden, layers, y.shape[1], stat_hidden, members)
     whole = batch_graphs(graphs)
     net.edge_enc.fit(whole.edge_attr.float(), whole.edge_type)
     net.attr_enc.fit(whole.attr_val.float(), whole.attr_type)
-    stats = stat_input(whole, torch.float32)
-    net.stat_enc.fit(stats, torch.zeros(len(stats), dtype=torch.long))
+    start = time.perf_counter()
+    stat_tau = _train_statistics(
+        net.stats,
+        stat_input(whole, torch.float32),
+        ((y - mean) / std).float(),
+        stat_input(batch_graphs(val_graphs), torch.float32),
+        ((y_val - mean) / std).float(),
+        epochs=stat_epochs,
+        patience=stat_patience,
+        lr=stat_lr,
+        seed=seed,
+    )
+    stat_seconds = time.perf_counter() - start
+    nn.init.zeros_(net.head[-1].weight)
+    nn.init.zeros_(net.head[-1].bias)
+    net.stats.requires_grad_(False)
     predictor = Predictor(spec, net, config)
     report = _train(
         predictor,
@@ -135,8 +171,27 @@ def fit(
         patience=patience,
         seed=seed,
     )
+    report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
     config["report"] = report
     return predictor
+
+
+def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed) -> float:
+    """Stage 1: fit the quantile knots, train each ensemble member; its validation tau."""
+    branch.normal.fit(x)
+    with torch.no_grad():
+        q, q_val = branch.normal(x), branch.normal(x_val)
+    for j, member in enumerate(branch.members):
+        torch.manual_seed(seed * 1009 + j)
+        for layer in member:
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()
+        train_vector_model(
+            member, q, z, q_val, z_val, epochs=epochs, lr=lr, patience=patience, seed=seed + j
+        )
+    branch.eval()
+    with torch.no_grad():
+        return kendall_tau(z_val[:, 0], branch(x_val)[:, 0])
 
 
 def _train(
@@ -155,14 +210,17 @@ def _train(
     seed,
 ) -> dict:
     net = predictor.net
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
     gen = torch.Generator().manual_seed(seed)
-    best = (-2.0, 0, copy.deepcopy(net.state_dict()))
+    tau0 = kendall_tau(y_val[:, 0], _column(predictor.predict_graphs(val_graphs)))
+    best = (tau0, 0, copy.deepcopy(net.state_dict()))
     start = time.perf_counter()
     epoch = 0
     for epoch in range(1, epochs + 1):
         net.train()
+        net.stats.eval()  # frozen, no dropout
         for idx in torch.randperm(len(graphs), generator=gen).split(batch_size):
             if len(idx) < 2:
                 continue

@@ -15,12 +15,12 @@ convention) to at most two. Then
   running statistics);
 * none -> a graph attribute (scalars).
 
-Every graph also carries ``stat_attr``: per-tensor statistics (mean, variance,
-quantiles 0/25/50/75/100%) of every planned entry, the StatNN features
-(Unterthiner et al., 2020). They are functions of the multiset of entries, so
+Every graph also carries ``stat_attr``: the per-tensor statistics of
+:func:`~wsym.metanet.statistics.tensor_features` (StatNN's mean, variance and
+quantiles, plus norms, singular values, row and column norms) of every planned
+entry. They are functions of multisets of entries, rows and singular values, so
 permutation invariant; on :func:`~wsym.metanet.invariant_form` weights they are
-invariant to the whole spec, and they give the readout the per-layer summary
-that message passing over thousands of edges only learns slowly.
+invariant to the whole spec, and they feed the meta-network's global branch.
 
 A permutation of a class permutes its nodes and nothing else, so any function
 of the graph that message passing computes is invariant. Atoms of classes that
@@ -30,7 +30,7 @@ encoding); atoms of permuted classes carry only their class.
 Shapes (one graph, ``N`` nodes, ``E`` edges, ``A`` node attributes):
     ``node_type (N,)``, ``node_class (N,)``, ``edge_index (2, E)``, ``edge_type (E,)``,
     ``edge_attr (E, F_e)``, ``attr_node (A,)``, ``attr_type (A,)``, ``attr_val (A, F_a)``,
-    ``graph_attr (1, F_g)``, ``stat_attr (1, 7 * len(plans))``.
+    ``graph_attr (1, F_g)``, ``stat_attr (1, F_s)``.
 
 Example:
     >>> import torch, wsym
@@ -51,6 +51,7 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from wsym.errors import WsymInputError
+from wsym.metanet.statistics import statistic_width, tensor_features
 from wsym.spec import Leaf, SymmetrySpec, leaves
 
 
@@ -141,7 +142,7 @@ class GraphSchema:
         self.num_node_types, self.num_classes = len(types), len(classes)
         self.num_edge_types, self.num_attr_types = counts["edge"], counts["node"]
         self.graph_width = counts["graph"]
-        self.stat_width = (len(STAT_QUANTILES) + 2) * len(plans)
+        self.stat_width = sum(statistic_width(p.shape) for p in plans)
         self.edge_width = max([p.width for p in plans if p.kind == "edge"], default=1)
         self.attr_width = max([p.width for p in plans if p.kind == "node"], default=1)
         self._edges = {p.name: self._edge_index(p) for p in plans if p.kind == "edge"}
@@ -209,7 +210,7 @@ class GraphSchema:
             else:
                 gattr[0, p.type_id : p.type_id + p.width] = f.reshape(-1)
         empty = torch.zeros(0, dtype=torch.long)
-        stats = [tensor_statistics(state_dict[p.name]) for p in self.plans]
+        stats = [tensor_features(state_dict[p.name]) for p in self.plans]
         return WeightData(
             num_nodes=len(self.node_type),
             node_type=self.node_type,
@@ -223,20 +224,6 @@ class GraphSchema:
             graph_attr=gattr,
             stat_attr=torch.cat(stats)[None] if stats else torch.zeros(1, 0, dtype=torch.float64),
         )
-
-
-STAT_QUANTILES = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
-
-
-def tensor_statistics(t: torch.Tensor) -> torch.Tensor:
-    """``(7,)`` mean, variance and quantiles 0/25/50/75/100% of all entries of ``t``.
-
-    Example:
-        >>> tensor_statistics(torch.arange(5.0)).tolist()
-        [2.0, 2.0, 0.0, 1.0, 2.0, 3.0, 4.0]
-    """
-    v = t.detach().to(torch.float64).reshape(-1)
-    return torch.cat([v.mean()[None], v.var(unbiased=False)[None], v.quantile(STAT_QUANTILES)])
 
 
 def _pad(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -9,12 +9,14 @@ messages along its incoming edges and, separately, along its outgoing ones:
     h_j \leftarrow h_j + \phi_h\big([h_j,\ \mathrm{mean}_{i \to j} \psi_f([h_i, e_{ij}]),\
     \mathrm{mean}_{j \to k} \psi_b([h_k, e_{jk}])]\big).
 
-:class:`WeightGraphNet` encodes raw features per type (standardized with
-type-wise statistics, then a shared linear map modulated per type), stacks
-layers, and reads out the per-class mean of the nodes, the per-type mean of
-the edges and the encoded per-tensor statistics (``stat_attr``). Every
-operation is a function of node and edge *types* and of sums/means over sets,
-so the output is invariant to any permutation of the nodes of a class.
+:class:`WeightGraphNet` has two additive branches. The *graph branch* encodes
+raw features per type (standardized with type-wise statistics, then a shared
+linear map modulated per type), stacks layers, and reads out the per-class mean
+of the nodes and the per-type mean of the edges. The *statistics branch*
+(:class:`~wsym.metanet.statistics.StatisticsEnsemble`) reads the per-tensor
+statistics ``stat_attr``. Every operation is a function of node and edge
+*types* and of sums/means over sets, so the output is invariant to any
+permutation of the nodes of a class.
 
 Shapes:
     input: a :class:`~torch_geometric.data.Batch` of ``B`` weight graphs
@@ -27,6 +29,8 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import scatter
+
+from wsym.metanet.statistics import StatisticsEnsemble
 
 
 def mlp(d_in: int, d_hidden: int, d_out: int) -> nn.Sequential:
@@ -94,12 +98,15 @@ class TypedEncoder(nn.Module):
 
 
 class WeightGraphNet(nn.Module):
-    """Invariant meta-network: typed encoders, ``layers`` x :class:`EdgeNodeConv`, readout.
+    """Invariant meta-network: a graph branch plus a statistics branch, added.
+
+    The graph branch: typed encoders, ``layers`` x :class:`EdgeNodeConv`, pooled readout.
 
     Args:
         num_node_types, num_classes, num_edge_types, num_attr_types: from the schema.
         edge_width, attr_width, graph_width, stat_width: raw feature sizes (from the schema).
         hidden: feature size; layers: message-passing rounds; outputs: predicted targets.
+        stat_hidden, members: width and ensemble size of the statistics branch.
     """
 
     def __init__(
@@ -115,6 +122,8 @@ class WeightGraphNet(nn.Module):
         hidden: int = 64,
         layers: int = 3,
         outputs: int = 1,
+        stat_hidden: int = 64,
+        members: int = 5,
     ):
         super().__init__()
         self.num_classes, self.num_edge_types = num_classes, max(num_edge_types, 1)
@@ -122,13 +131,18 @@ class WeightGraphNet(nn.Module):
         self.edge_enc = TypedEncoder(self.num_edge_types, edge_width, hidden)
         self.attr_enc = TypedEncoder(max(num_attr_types, 1), attr_width, hidden)
         self.graph_enc = nn.Linear(max(graph_width, 1), hidden)
-        self.stat_enc = TypedEncoder(1, max(stat_width, 1), hidden)
+        self.stats = StatisticsEnsemble(max(stat_width, 1), stat_hidden, members, outputs)
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
-        pooled = (self.num_classes + self.num_edge_types + 2) * hidden
+        pooled = (self.num_classes + self.num_edge_types + 1) * hidden
         self.head = mlp(pooled, hidden, outputs)
 
     def forward(self, batch) -> Tensor:
-        """``(B, outputs)`` predictions for a batch of weight graphs."""
+        """``(B, outputs)`` predictions: graph branch + statistics branch."""
+        stats = stat_input(batch, self.node_embed.weight.dtype)
+        return self.graph_branch(batch) + self.stats(stats)
+
+    def graph_branch(self, batch) -> Tensor:
+        """``(B, outputs)`` the message-passing branch alone."""
         dtype = self.node_embed.weight.dtype
         n, b = batch.num_nodes, batch.num_graphs
         h = self.node_embed(batch.node_type)
@@ -154,10 +168,7 @@ class WeightGraphNet(nn.Module):
             reduce="mean",
         )
         g = self.graph_enc(batch.graph_attr.to(dtype))
-        s = self.stat_enc(
-            stat_input(batch, dtype), torch.zeros(b, dtype=torch.long, device=h.device)
-        )
-        pooled = torch.cat([nodes.view(b, -1), edges.view(b, -1), g, s], dim=1)
+        pooled = torch.cat([nodes.view(b, -1), edges.view(b, -1), g], dim=1)
         return self.head(pooled)
 
 

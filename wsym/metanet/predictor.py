@@ -28,10 +28,17 @@ from wsym.metanet.layers import WeightGraphNet
 from wsym.spec import SymmetrySpec
 
 META_KEY = "wsym.metanet"
-FORMAT = 2  # 2: per-tensor statistics in the readout
+FORMAT = 3  # 2: per-tensor statistics in the readout; 3: statistics branch
 
 
-def network_for(schema: GraphSchema, hidden: int, layers: int, outputs: int) -> WeightGraphNet:
+def network_for(
+    schema: GraphSchema,
+    hidden: int,
+    layers: int,
+    outputs: int,
+    stat_hidden: int = 64,
+    members: int = 5,
+) -> WeightGraphNet:
     """A fresh :class:`WeightGraphNet` sized for ``schema``."""
     return WeightGraphNet(
         schema.num_node_types,
@@ -45,6 +52,8 @@ def network_for(schema: GraphSchema, hidden: int, layers: int, outputs: int) -> 
         hidden=hidden,
         layers=layers,
         outputs=outputs,
+        stat_hidden=stat_hidden,
+        members=members,
     )
 
 
@@ -148,6 +157,13 @@ def load(path: str | os.PathLike) -> Predictor:
             "`wsym metanet train`"
         )
     schema = GraphSchema.from_spec(spec)
-    net = network_for(schema, config["hidden"], config["layers"], len(config["targets"]))
+    net = network_for(
+        schema,
+        config["hidden"],
+        config["layers"],
+        len(config["targets"]),
+        config["stat_hidden"],
+        config["members"],
+    )
     net.load_state_dict(tensors)
     return Predictor(spec, net, config)
