@@ -134,6 +134,14 @@ def match_class(spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, current: 
     return step
 
 
+def _apply(spec: SymmetrySpec, current: dict, step: list, comps: list, moved_at: dict, clock: int):
+    """``current`` moved by ``step``, whose components are recorded with the time they moved."""
+    comps.extend(step)
+    for j, _ in step:
+        moved_at[spec.groups[j].cls] = clock
+    return act(spec, GroupElement(tuple(step)), current)
+
+
 def weight_matching(
     spec: SymmetrySpec,
     ref: dict,
@@ -194,20 +202,14 @@ def weight_matching(
             solved_at[i] = clock
             step = match_class(spec, plan, ref_units[i], current)
             if step:
-                current = act(spec, GroupElement(tuple(step)), current)
-                comps.extend(step)
                 clock += 1
-                for j, _ in step:
-                    moved_at[spec.groups[j].cls] = clock
+                current = _apply(spec, current, step, comps, moved_at, clock)
                 changed = True
         if rotations:
             turn = procrustes(spec, ref, current, tol=ROTATION_TOL)
             if turn:
-                current = act(spec, GroupElement(tuple(turn)), current)
-                comps.extend(turn)
                 clock += 1
-                for j, _ in turn:
-                    moved_at[spec.groups[j].cls] = clock
+                current = _apply(spec, current, turn, comps, moved_at, clock)
                 changed = True
         if not changed:
             break

@@ -64,6 +64,7 @@ from wsym.zoo.streams import (
     DropoutMasks,
     example_loss,
     member_metrics,
+    member_results,
     member_streams,
 )
 
@@ -267,14 +268,8 @@ class _GroupTrainer:
         metrics = member_metrics(
             train_out, test_out, self.streams, self.data.y_test, self.regression
         )
-        results = []
-        for i, member in enumerate(self.members):
-            values = {k: float(v[i]) for k, v in metrics.items()}
-            values["epoch"] = int(member.hyperparameters["epochs"])
-            values["steps"] = int(self.total[i])
-            sd = {k: state[k][i].contiguous() for k in self.keys}
-            results.append(Trained(member.id, sd, values))
-        return results
+        results = member_results(self.members, state, self.keys, metrics, self.total)
+        return [Trained(member.id, sd, values) for member, sd, values in results]
 
     def _outputs(self, params, buffers, x: torch.Tensor) -> torch.Tensor:
         if self.mlp is not None:

@@ -34,7 +34,14 @@ from torch.func import stack_module_state
 from wsym.data import Dataset
 from wsym.zoo import optim, stacked_mlp
 from wsym.zoo.architectures import initialise
-from wsym.zoo.streams import BLOCK, DataStream, DropoutMasks, member_metrics, member_streams
+from wsym.zoo.streams import (
+    BLOCK,
+    DataStream,
+    DropoutMasks,
+    member_metrics,
+    member_results,
+    member_streams,
+)
 
 _EVAL_CHUNK = 1024
 
@@ -204,14 +211,7 @@ class LockstepMLPTrainer:
         train_out = self._outputs(state, self.data.x_train)
         test_out = self._outputs(state, self.data.x_test)
         metrics = member_metrics(train_out, test_out, self.streams, self.data.y_test, False)
-        results = []
-        for i, member in enumerate(self.members):
-            values = {k: float(v[i]) for k, v in metrics.items()}
-            values["epoch"] = int(member.hyperparameters["epochs"])
-            values["steps"] = int(self.total[i])
-            sd = {k: state[k][i].contiguous() for k in self.keys}
-            results.append((member, sd, values))
-        return results
+        return member_results(self.members, state, self.keys, metrics, self.total)
 
     def _outputs(self, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         m = len(self.members)

@@ -178,3 +178,20 @@ def member_metrics(
         metrics["test_acc"] = (test_out.argmax(-1) == test_y).float().mean(dim=1)
         metrics["gap"] = metrics["train_acc"] - metrics["test_acc"]
     return metrics
+
+
+def member_results(
+    members: list, state: dict[str, torch.Tensor], keys: list[str], metrics: dict, totals
+) -> list[tuple[Any, dict[str, torch.Tensor], dict[str, float]]]:
+    """``(member, state dict, values)`` per member from stacked states and metrics.
+
+    ``state`` holds ``(M, ...)`` stacks; ``values`` are the member's metrics as floats,
+    its checkpoint epoch and its number of optimizer steps (``totals``).
+    """
+    results = []
+    for i, member in enumerate(members):
+        values = {k: float(v[i]) for k, v in metrics.items()}
+        values["epoch"] = int(member.hyperparameters["epochs"])
+        values["steps"] = int(totals[i])
+        results.append((member, {k: state[k][i].contiguous() for k in keys}, values))
+    return results

@@ -1,0 +1,235 @@
+"""GL and GL(1) blocks of a SymmetrySpec: which groups are blocks, and their gather/scatter.
+
+A ``gl`` group gives one :class:`~wsym.geometry.Pair` ``(G, H)`` batched over its
+index axes (``G`` the stack of its parity-0 rows, ``H`` of its parity-1 rows,
+exactly as :func:`wsym.units.block_matrices`); a ``scaling`` group whose
+exponents are all +1 / -1 gives a ``GL(1)`` block per unit. :func:`block_groups`
+chooses the groups used as blocks (no overlaps), :func:`gather` reads their
+blocks from a parameter dict and :func:`scatter`, its adjoint and inverse,
+writes tangents back. See :mod:`wsym.quotient` for the rules and
+:class:`wsym.quotient.Quotient` for the fast, stacked form used by the ascent.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from wsym.act import transform
+from wsym.geometry import Pair
+from wsym.spec import Group, SymmetrySpec
+from wsym.units import class_params
+
+__all__ = [
+    "block_groups",
+    "gather",
+    "gather_group",
+    "gl_groups",
+    "is_gl1",
+    "scatter",
+    "scatter_group",
+]
+
+
+def _group_params(spec: SymmetrySpec, group: Group, names) -> list[str]:
+    """Parameters (present in ``names``) with an axis of ``group``'s class, in spec order."""
+    return [p for p in class_params(spec, group.cls) if p in names]
+
+
+def _visit(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Tensor]:
+    """Call ``fn(moved_block, parity) -> moved_block`` on every block of ``group``.
+
+    ``moved_block`` has the index axes first and the class axis last (as in
+    :func:`wsym.units.block_matrices`); the returned tensors are put back in
+    place. Returns the rebuilt tensors of the group's parameters.
+    """
+    layout = spec.layout
+    out = {}
+    for p in _group_params(spec, group, tensors):
+
+        def one(block, lv):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+            if len(axes) != 1:
+                return block
+            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
+            src, dst = [*idx, axes[0]], [*range(len(idx)), block.ndim - 1]
+            moved = fn(block.movedim(src, dst), lv[axes[0]].parity)
+            return moved.movedim(dst, src)
+
+        out[p] = transform(tensors[p], list(layout[p]), one)
+    return out
+
+
+def _scaling_exps(group: Group) -> dict[int, int]:
+    return {var: e for var, e in group.exponents if e}
+
+
+def is_gl1(group: Group) -> bool:
+    """A ``scaling`` group whose exponents are all +1/-1, both present."""
+    exps = set(_scaling_exps(group).values())
+    return group.kind == "scaling" and exps == {1, -1}
+
+
+def _visit_scaling(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Tensor]:
+    """Call ``fn(moved_block, exponent)`` (unit axis first) on every +-1 block of ``group``."""
+    layout, exps = spec.layout, _scaling_exps(group)
+    out = {}
+    for p in _group_params(spec, group, tensors):
+
+        def one(block, lv):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+            if len(axes) != 1 or exps.get(lv[axes[0]].var, 0) not in (1, -1):
+                return block
+            moved = fn(block.movedim(axes[0], 0), exps[lv[axes[0]].var])
+            return moved.movedim(0, axes[0])
+
+        out[p] = transform(tensors[p], list(layout[p]), one)
+    return out
+
+
+def _touched(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
+    """``{name: bool}``: entries a continuous group changes (every block holding its class)."""
+    layout = spec.layout
+    exps = _scaling_exps(group) if group.kind in ("scaling", "norm_scaling") else None
+    out = {}
+    for p in _group_params(spec, group, params):
+
+        def one(block, lv):
+            hit = any(
+                leaf.cls == group.cls and (exps is None or exps.get(leaf.var, 0)) for leaf in lv
+            )
+            return torch.ones_like(block) if hit else block
+
+        out[p] = transform(torch.zeros_like(params[p], dtype=torch.bool), list(layout[p]), one)
+    return out
+
+
+def gather_group(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]:
+    """``{parity: (*index, rows, h)}`` of ``group`` (as ``units.block_matrices``).
+
+    GL(1) scaling groups: parity 0 holds the exponent +1 entries, parity 1 the
+    exponent -1 entries, as ``(n_units, rows, 1)``.
+    """
+    parts: dict[int, list] = {0: [], 1: []}
+    if group.kind == "scaling":
+
+        def grab_unit(moved, e):
+            parts[0 if e == 1 else 1].append(moved.reshape(moved.shape[0], -1))
+            return moved
+
+        _visit_scaling(spec, group, tensors, grab_unit)
+        return {k: torch.cat(v, dim=1).unsqueeze(-1) for k, v in parts.items() if v}
+
+    def grab(moved, parity):
+        lead = moved.shape[: len(group.index)]
+        parts[parity].append(moved.reshape(*lead, -1, group.size))
+        return moved
+
+    _visit(spec, group, tensors, grab)
+    return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
+
+
+def scatter_group(
+    spec: SymmetrySpec, group: Group, pair: Pair, like: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Parameter-shaped tensors holding ``pair``'s rows (zero elsewhere); inverse of gathering."""
+    offset = {0: 0, 1: 0}
+    src = {0: pair.G, 1: pair.H}
+    zeros = {p: torch.zeros_like(like[p], dtype=pair.G.dtype) for p in like}
+    if group.kind == "scaling":
+
+        def put_unit(moved, e):
+            parity = 0 if e == 1 else 1
+            rows = moved[0].numel()
+            start = offset[parity]
+            offset[parity] = start + rows
+            return src[parity][:, start : start + rows, 0].reshape(moved.shape)
+
+        return _visit_scaling(spec, group, zeros, put_unit)
+
+    def put(moved, parity):
+        lead = moved.shape[: len(group.index)]
+        rows = moved.reshape(*lead, -1, group.size).shape[-2]
+        start = offset[parity]
+        offset[parity] = start + rows
+        return src[parity][..., start : start + rows, :].reshape(moved.shape)
+
+    return _visit(spec, group, zeros, put)
+
+
+def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
+    """Indices of the GL groups used as blocks: both parities present, no overlaps."""
+    taken: dict[str, Tensor] = {}
+    chosen = []
+    for i, group in enumerate(spec.groups):
+        if group.kind != "gl" or not _group_params(spec, group, params):
+            continue
+        parts = gather_group(spec, group, params)
+        if set(parts) != {0, 1}:
+            continue
+        ones = Pair(torch.ones_like(parts[0]), torch.ones_like(parts[1]))
+        mask = {p: t != 0 for p, t in scatter_group(spec, group, ones, params).items()}
+        if any((taken[p] & m).any() for p, m in mask.items() if p in taken):
+            continue
+        for p, m in mask.items():
+            taken[p] = taken[p] | m if p in taken else m
+        chosen.append(i)
+    return chosen
+
+
+def _mask(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
+    parts = gather_group(spec, group, params)
+    ones = Pair(torch.ones_like(parts[0]), torch.ones_like(parts[1]))
+    return {p: t != 0 for p, t in scatter_group(spec, group, ones, params).items()}
+
+
+def _overlaps(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
+    return any((a[p] & m).any() for p, m in b.items() if p in a)
+
+
+def block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
+    """GL groups of :func:`gl_groups`, then the scaling groups usable as GL(1) blocks."""
+    chosen = gl_groups(spec, params)
+    taken: dict[str, Tensor] = {}
+    for i in chosen:
+        for p, m in _mask(spec, spec.groups[i], params).items():
+            taken[p] = taken[p] | m if p in taken else m
+    continuous = ("scaling", "norm_scaling", "gl", "orthogonal")
+    touched = {
+        i: _touched(spec, g, params)
+        for i, g in enumerate(spec.groups)
+        if g.kind in continuous and g.cls >= 0
+    }
+    for i, group in enumerate(spec.groups):
+        if not is_gl1(group) or not _group_params(spec, group, params):
+            continue
+        if set(gather_group(spec, group, params)) != {0, 1}:
+            continue
+        mask = _mask(spec, group, params)
+        own = touched[i]
+        if any(not torch.equal(own[p], mask.get(p, torch.zeros_like(own[p]))) for p in own):
+            continue  # an entry it rescales lies outside its block
+        if _overlaps(taken, mask) or any(_overlaps(t, mask) for j, t in touched.items() if j != i):
+            continue
+        chosen.append(i)
+    return chosen
+
+
+def gather(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[tuple[int, Pair]]:
+    """``[(group index, Pair(G, H))]`` for the blocks of :func:`block_groups`."""
+    out = []
+    for i in block_groups(spec, params):
+        parts = gather_group(spec, spec.groups[i], params)
+        out.append((i, Pair(parts[0], parts[1])))
+    return out
+
+
+def scatter(
+    spec: SymmetrySpec, tangents: list[tuple[int, Pair]], like: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Sum over groups of their pairs, written into tensors shaped like ``like``."""
+    out = {p: torch.zeros_like(t) for p, t in like.items()}
+    for i, pair in tangents:
+        for p, t in scatter_group(spec, spec.groups[i], pair, like).items():
+            out[p] = out[p] + t
+    return out
