@@ -12,6 +12,7 @@ from wsym.act import GroupElement, act
 from wsym.align import NO_PERMUTATION, procrustes, weight_matching
 from wsym.canon import canonical_element
 from wsym.matching import ROTATION_TOL
+from wsym.testing import perturbed
 from wsym.units import block_matrices, odd_rows, unit_matrix
 
 CASES = ["mlp-relu", "mlp-tanh", "residual-cnn", "tiny-transformer", "gqa", "concat"]
@@ -78,13 +79,7 @@ def test_weight_matching_equals_the_plain_loop(detected, name, seed):
     """Skipping classes whose cost cannot have changed gives the same permutations."""
     model, _, spec = detected(name)
     sd = double(model.state_dict())
-    gen = torch.Generator().manual_seed(seed)
-    noisy = {
-        k: v + 0.5 * v.abs().mean() * torch.randn(v.shape, generator=gen, dtype=v.dtype)
-        if v.is_floating_point()
-        else v
-        for k, v in sd.items()
-    }
+    noisy = perturbed(sd, 0.5, seed)
     moved = spec.act(spec.sample(seed=seed, kinds=["permutation", "sign"]), noisy)
     ref, _ = canonical_element(sd, spec, kinds=NO_PERMUTATION)
     other, _ = canonical_element(moved, spec, kinds=NO_PERMUTATION)

@@ -94,6 +94,24 @@ def uncoupled_permutation(spec: SymmetrySpec, state_dict: dict, group: int, seed
     return out
 
 
+def perturbed(state_dict: dict, scale: float, seed: int = 0) -> dict:
+    """Every floating tensor plus Gaussian noise of ``scale`` times its mean magnitude.
+
+    Example:
+        >>> sd = {"w": torch.ones(3), "n": torch.tensor(2)}
+        >>> out = perturbed(sd, 0.1)
+        >>> bool((out["w"] - 1).abs().max() > 0), int(out["n"])
+        (True, 2)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        k: v + scale * v.abs().mean() * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+        if v.is_floating_point()
+        else v
+        for k, v in state_dict.items()
+    }
+
+
 def assert_sensitive(
     fn, spec: SymmetrySpec, state_dict: dict, *, min_change: float = 1e-3, seed: int = 0
 ) -> float:
@@ -110,14 +128,7 @@ def assert_sensitive(
         if g.kind == "permutation" and g.size > 1:
             changes.append(_relative(ref, fn(uncoupled_permutation(spec, state_dict, i, seed))))
     if not changes:
-        gen = torch.Generator().manual_seed(seed)
-        noisy = {
-            k: v + 0.1 * v.abs().mean() * torch.randn(v.shape, generator=gen, dtype=v.dtype)
-            if v.is_floating_point()
-            else v
-            for k, v in state_dict.items()
-        }
-        changes.append(_relative(ref, fn(noisy)))
+        changes.append(_relative(ref, fn(perturbed(state_dict, 0.1, seed))))
     least = min(changes)
     if not least >= min_change:
         raise AssertionError(f"too symmetric: relative change {least:.2e} < {min_change:.1e}")
