@@ -42,7 +42,8 @@ from scipy.stats import kendalltau
 
 import wsym
 from wsym.geometry import Pair
-from wsym.sharpness import Geodesic, average_case, worst_case
+from wsym.perturbation import Geodesic
+from wsym.sharpness import average_case, worst_case
 
 PAPER = {"adaptive": -0.68, "geodesic-inv": -0.83, "geodesic-mix": -0.86}
 MEASURES = tuple(PAPER)

@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from wsym.detect import spec_or_detect
 from wsym.errors import WsymInputError
 from wsym.optim.base import SharpnessAware
-from wsym.sharpness import Geodesic
+from wsym.perturbation import Geodesic
 from wsym.spec import SymmetrySpec
 
 GEO_METRICS = ("invariant", "mixed")

@@ -1,0 +1,277 @@
+"""Perturbation geometries of :func:`wsym.sharpness.sharpness`: tangents, metrics, moved points.
+
+A :class:`Perturbation` holds a base point (a parameter dict) and defines, for a
+tangent vector ``xi`` (a list of tensors), its metric inner product, the
+Riemannian gradient from a Euclidean one, random directions and the moved point
+``gamma_xi(1)`` with the pullback of gradients there (:meth:`Perturbation.linearize`):
+
+* :class:`Euclidean`: ``theta + xi`` with ``|xi|_2``;
+* :class:`Adaptive`: ``theta + xi`` with the elementwise metric ``|xi / w|_2``;
+* :class:`Geodesic`: on the GL and GL(1) blocks of :class:`wsym.quotient.Quotient`
+  (stacked), horizontal tangents in the invariant or mixed metric moved by the
+  second-order geodesic step; adaptive elsewhere.
+
+Example:
+    >>> import torch
+    >>> params = {"w": torch.tensor([1.0, -2.0], dtype=torch.float64)}
+    >>> geom = Adaptive(params)
+    >>> float(geom.norm([torch.tensor([0.5, 1.0], dtype=torch.float64)]))  # |(0.5, -0.5)|
+    0.7071067811865476
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from wsym.geometry import (
+    Gram,
+    Pair,
+    christoffel,
+    geodesic_step_linearized,
+    horizontal,
+    inner,
+    riemannian_gradient,
+)
+from wsym.geometry.metrics import _elementwise_shift
+from wsym.quotient import Quotient
+from wsym.spec import SymmetrySpec
+
+EPS = 1e-14
+"""GL Gram regularization (relative to the mean eigenvalue): finite on singular blocks."""
+ELEMENTWISE_EPS = 1e-20
+"""Adaptive-metric shift (relative to mean w^2): tiny, so rescalings by 1e4 stay exact."""
+
+Tangent = list[Tensor]
+
+
+class Perturbation:
+    """Tangent vectors at ``params``: their metric, gradients, random draws and the moved point.
+
+    Subclasses implement :meth:`inner` and :meth:`gradient` (and override
+    :meth:`point` / :meth:`random` where the step is not straight). A tangent is a
+    list of tensors shaped like :attr:`shapes`.
+    """
+
+    def __init__(self, params: dict[str, Tensor]):
+        self.params = params
+        self.names = list(params)
+
+    def zero(self) -> Tangent:
+        """The zero tangent vector."""
+        return [torch.zeros_like(t) for t in self.coordinates()]
+
+    def coordinates(self) -> list[Tensor]:
+        """The base point in tangent layout (one tensor per slot)."""
+        return [self.params[n] for n in self.names]
+
+    def inner(self, a: Tangent, b: Tangent) -> Tensor:
+        """Metric inner product (0-dim)."""
+        raise NotImplementedError
+
+    def gradient(self, g: Tangent) -> Tangent:
+        """Riemannian gradient from the Euclidean gradient with respect to the tangent."""
+        raise NotImplementedError
+
+    def norm(self, xi: Tangent) -> Tensor:
+        """Metric norm (0-dim)."""
+        return self.inner(xi, xi).clamp_min(0).sqrt()
+
+    def point(self, xi: Tangent) -> dict[str, Tensor]:
+        """Perturbed parameters (straight step ``theta + xi``)."""
+        return {n: self.params[n] + x for n, x in zip(self.names, xi, strict=False)}
+
+    def linearize(self, xi: Tangent) -> tuple[dict[str, Tensor], Callable]:
+        """``point(xi)`` (no graph) and the pullback of gradients there to gradients in ``xi``.
+
+        The pullback maps the gradient of a function at ``point(xi)`` (one tensor per
+        parameter, :attr:`names` order) through the transposed Jacobian of
+        :meth:`point` (the identity for a straight step), so the ascent
+        differentiates the network with respect to its parameters only.
+        """
+        with torch.no_grad():
+            return self.point(xi), list
+
+    def random(self, gen: torch.Generator) -> Tangent:
+        """A random direction (Euclidean Gaussian)."""
+        return [_randn(t, gen) for t in self.coordinates()]
+
+
+def _randn(like: Tensor, gen: torch.Generator, shape=None) -> Tensor:
+    shape = like.shape if shape is None else shape
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(like.device, like.dtype)
+
+
+class Euclidean(Perturbation):
+    """``||xi||_2``: no invariance."""
+
+    def inner(self, a, b):
+        """Metric inner product (0-dim)."""
+        return sum((x * y).sum() for x, y in zip(a, b, strict=True))
+
+    def gradient(self, g):
+        """Riemannian gradient from the Euclidean one."""
+        return list(g)
+
+
+class Adaptive(Perturbation):
+    """Elementwise adaptive metric ``||xi / |w| ||_2`` (ASAM); ``mask`` zeroes covered entries.
+
+    The metric weights ``w^2 + s`` (:func:`wsym.geometry.adaptive_inner`) are computed
+    once at the base point and the tangent is handled as one flat vector where that
+    saves per-tensor work.
+    """
+
+    def __init__(self, params, mask: dict[str, Tensor] | None = None):
+        super().__init__(params)
+        self.keep = {n: ~mask[n] if mask else None for n in self.names}
+        dens, keeps = [], []
+        for n in self.names:
+            w = self.params[n]
+            dens.append((w * w + _elementwise_shift(w, ELEMENTWISE_EPS)).reshape(-1))
+            k = self.keep[n]
+            keeps.append(torch.ones_like(dens[-1]) if k is None else k.reshape(-1).to(w.dtype))
+        keep = torch.cat(keeps) if keeps else torch.zeros(0)
+        den = torch.cat(dens) if dens else torch.zeros(0)
+        self._inv = keep / den  # metric weight, 0 on covered entries
+        self._scale = keep * den  # Riemannian-gradient factor
+        # per parameter: None where no entry is covered (nothing to mask), else the mask
+        self._partial = [
+            None if k is None or bool(k.all()) else k.to(self.params[n].dtype)
+            for n, k in self.keep.items()
+        ]
+        self._shapes = [self.params[n].shape for n in self.names]
+        self._sizes = [self.params[n].numel() for n in self.names]
+
+    def _flat(self, xs) -> Tensor:
+        return torch.cat([x.reshape(-1) for x in xs[: len(self.names)]])
+
+    def _split(self, flat: Tensor) -> list[Tensor]:
+        parts = flat.split(self._sizes)
+        return [x.reshape(s) for x, s in zip(parts, self._shapes, strict=True)]
+
+    def _masked(self, xs):
+        return [x if k is None else x * k for x, k in zip(xs, self._partial, strict=False)]
+
+    def _weights(self) -> list[Tensor]:
+        return [self.params[n] for n in self.names]
+
+    def inner(self, a, b):
+        """Metric inner product (0-dim)."""
+        if not self.names:
+            return torch.zeros((), dtype=torch.float64)
+        fa = self._flat(a)
+        return torch.dot(fa * self._inv, fa if b is a else self._flat(b))
+
+    def gradient(self, g):
+        """Riemannian gradient from the Euclidean one."""
+        return self._split(self._flat(g) * self._scale)
+
+    def random(self, gen):
+        """A random direction in the metric's coordinates (equivariant draw)."""
+        # w * z (not |w| * z): a sign flip of w flips the draw, as it flips the tangent
+        return self._masked([w * _randn(w, gen) for w in self._weights()])
+
+
+class Geodesic(Adaptive):
+    """GL / GL(1) blocks with the invariant/mixed metric and geodesic steps; adaptive elsewhere."""
+
+    def __init__(self, params, spec: SymmetrySpec, metric: str):
+        quotient = Quotient(spec, params)
+        super().__init__(params, quotient.covered)
+        self.quotient, self.metric = quotient, metric
+        self.blocks = quotient.stacks  # equal-shape blocks stacked: one solve per stack
+
+    def coordinates(self):
+        """Parameters, then the GL blocks' G and H."""
+        return [self.params[n] for n in self.names] + [m for b in self.blocks for m in b]
+
+    def _pairs(self, xi) -> list[Pair]:
+        rest = xi[len(self.names) :]
+        return [Pair(rest[2 * j], rest[2 * j + 1]) for j in range(len(self.blocks))]
+
+    def inner(self, a, b):
+        """Metric inner product (0-dim)."""
+        total = super().inner(a, b)
+        for blk, x, y in zip(self.blocks, self._pairs(a), self._pairs(b), strict=True):
+            total = total + inner(blk, x, y, self.metric, EPS).sum()
+        return total
+
+    def gradient(self, g):
+        """Riemannian gradient from the Euclidean one."""
+        out = super().gradient(g)
+        for blk, x in zip(self.blocks, self._pairs(g), strict=True):
+            out.extend(riemannian_gradient(blk, x, self.metric, EPS))
+        return out
+
+    def point(self, xi):
+        """Geodesic step on GL blocks, straight step elsewhere."""
+        pairs = zip(self.blocks, self._pairs(xi), strict=True)
+        return self._point(xi, [self.move(b, x) for b, x in pairs])
+
+    def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
+        out = {
+            n: self.params[n] + x if k is None else torch.addcmul(self.params[n], x, k)
+            for n, x, k in zip(self.names, xi, self._partial, strict=False)
+        }
+        self.quotient.add_stacks(out, moves)
+        return out
+
+    def linearize(self, xi):
+        """``point(xi)`` and its pullback: masked on plain entries, a VJP per block.
+
+        The block VJP is :func:`wsym.geometry.geodesic_step_linearized` (closed form,
+        sharing its products with the step) for the second-order step, autograd
+        through :meth:`move` where a subclass replaces it.
+        """
+        pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
+        if type(self).move is Geodesic.move:
+            steps = [
+                geodesic_step_linearized(b, x, self.metric, EPS)
+                for b, x in zip(self.blocks, pairs, strict=True)
+            ]
+            moves, vjps = [m for m, _ in steps], [v for _, v in steps]
+        else:
+            moves = [self.move(b, x) for b, x in zip(self.blocks, pairs, strict=True)]
+            vjps = [self._autograd_vjp(b, x) for b, x in zip(self.blocks, pairs, strict=True)]
+        with torch.no_grad():
+            return self._point(xi, moves), lambda grads: self._pullback(vjps, grads)
+
+    def _autograd_vjp(self, block: Pair, xi: Pair) -> Callable:
+        xi = Pair(xi.G.clone().requires_grad_(True), xi.H.clone().requires_grad_(True))
+
+        def vjp(g: Pair) -> Pair:
+            with torch.enable_grad():
+                return Pair(*torch.autograd.grad(self.move(block, xi), xi, grad_outputs=g))
+
+        return vjp
+
+    def _pullback(self, vjps: list[Callable], grads: list[Tensor]) -> Tangent:
+        out = self._masked(grads)
+        pulled = self.quotient.gather_stacks(dict(zip(self.names, grads, strict=True)))
+        for vjp, g in zip(vjps, pulled, strict=True):
+            out.extend(vjp(g))
+        return out
+
+    def move(self, block: Pair, xi: Pair) -> Pair:
+        """Displacement ``gamma_xi(1) - block`` of one block: ``xi - Gamma(xi, xi) / 2``."""
+        gamma = christoffel(block, xi, self.metric, EPS)
+        return Pair(xi.G - 0.5 * gamma.G, xi.H - 0.5 * gamma.H)
+
+    def random(self, gen):
+        """A random direction in the metric's coordinates (equivariant draw)."""
+        out = super().random(gen)
+        for (G, H), rows in zip(self.blocks, self.quotient.rows, strict=True):
+            lead, n, m = G.shape[:-2], G.shape[-2], H.shape[-2]
+            if self.metric == "invariant":  # xi = M G: Gaussian in metric coordinates
+                xG = _randn(G, gen, (*lead, n, n)) @ G
+                xH = _randn(H, gen, (*lead, m, m)) @ H
+            else:  # xi_G = M H Q^-1 transforms like G under GL
+                xG = Gram.of(H, EPS).solve(_randn(G, gen, (*lead, n, m)) @ H, left=False)
+                xH = Gram.of(G, EPS).solve(_randn(H, gen, (*lead, m, n)) @ G, left=False)
+            if rows is not None:  # the draws mix rows: keep the padding rows zero
+                xG, xH = xG * rows.G, xH * rows.H
+            out.extend(horizontal((G, H), (xG, xH), self.metric, EPS))
+        return out
