@@ -293,3 +293,30 @@ def test_diagonal_geodesic_invariant(measure):
         other = _moved(model, spec, spec.sample(seed, kinds=["scaling"]))
         moved = sharpness(other, batches, loss, measure=measure, **kw)
         assert abs(moved / value - 1) < RATIO
+
+
+@pytest.mark.parametrize("name", ["tiny-transformer", "bert"])
+@pytest.mark.parametrize("metric", ["invariant", "mixed"])
+def test_stack_padding_rows_stay_zero(detected, name, metric):
+    """Blocks stacked with zero-padded rows: draws, pullbacks and gradients keep them zero."""
+    from wsym.perturbation import Geodesic
+
+    model, _, spec = detected(name)
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    geom = Geodesic(params, spec, metric)
+    padded = [r for r in geom.quotient.rows if r is not None]
+    assert padded, "the case must have blocks of different row counts"
+    gen = torch.Generator().manual_seed(0)
+    xi = [0.01 * x for x in geom.random(gen)]
+    _, pullback = geom.linearize(xi)
+    grads = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params.values()]
+    for tangent in (xi, geom.gradient(pullback(grads))):
+        for pair, rows in zip(geom._pairs(tangent), geom.quotient.rows, strict=True):
+            if rows is not None:
+                assert torch.equal(pair.G * (1 - rows.G), torch.zeros_like(pair.G))
+                assert torch.equal(pair.H * (1 - rows.H), torch.zeros_like(pair.H))
+    # the stacked scatter drops padding and agrees with the per-block scatter
+    back = geom.quotient.scatter_stacks(geom.quotient.stacks)
+    per_block = geom.quotient.scatter([b for _, b in geom.quotient.blocks])
+    for n in params:
+        assert torch.equal(back[n], per_block[n])
