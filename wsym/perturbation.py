@@ -29,7 +29,6 @@ from torch import Tensor
 from wsym.geometry import (
     Gram,
     Pair,
-    christoffel,
     geodesic_step_linearized,
     horizontal,
     inner,
@@ -257,8 +256,7 @@ class Geodesic(Adaptive):
 
     def move(self, block: Pair, xi: Pair) -> Pair:
         """Displacement ``gamma_xi(1) - block`` of one block: ``xi - Gamma(xi, xi) / 2``."""
-        gamma = christoffel(block, xi, self.metric, EPS)
-        return Pair(xi.G - 0.5 * gamma.G, xi.H - 0.5 * gamma.H)
+        return geodesic_step_linearized(block, xi, self.metric, EPS)[0]
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""

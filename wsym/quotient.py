@@ -93,32 +93,29 @@ class Quotient:
         for j, (_, b) in enumerate(self.blocks):
             by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1]), []).append(j)
         self.members = list(by_shape.values())
-        self._rows = [
-            max(M.shape[-2] for j in js for M in self.blocks[j][1]) for js in self.members
-        ]
-        self.stacks = [self._stack([self.blocks[j][1] for j in js], r) for js, r in self._stacked()]
+        self.stacks = [self._stack([self.blocks[j][1] for j in js]) for js in self.members]
         self.rows = [
             None
-            if all(M.shape[-2] == r for j in js for M in self.blocks[j][1])
+            if all(M.shape[-2] == s.G.shape[-2] for j in js for M in self.blocks[j][1])
             else self._stack(
-                [Pair(*(torch.ones_like(M[..., :1]) for M in self.blocks[j][1])) for j in js], r
+                [Pair(*(torch.ones_like(M[..., :1]) for M in self.blocks[j][1])) for j in js],
+                s.G.shape[-2],
             )
-            for js, r in self._stacked()
+            for js, s in zip(self.members, self.stacks, strict=True)
         ]
         # number every stacked entry (1, 2, ... in flattened G, H order, padding included)
         # and scatter the numbers of the blocks' own entries once: afterwards gathering
         # and scattering are one indexing per parameter
         codes: list = [None] * len(self.blocks)
         offset = 1
-        for (js, _), stack in zip(self._stacked(), self.stacks, strict=True):
+        for i, stack in enumerate(self.stacks):
             parts = []
             for M in stack:
                 parts.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
                 offset += M.numel()
-            G, H = parts[0].reshape(stack.G.shape), parts[1].reshape(stack.H.shape)
-            for k, j in enumerate(js):
-                i, b = self.blocks[j]
-                codes[j] = (i, Pair(G[k][..., : b.G.shape[-2], :], H[k][..., : b.H.shape[-2], :]))
+            numbered = Pair(parts[0].reshape(stack.G.shape), parts[1].reshape(stack.H.shape))
+            for j, pair in self._unstack(i, numbered):
+                codes[j] = (self.blocks[j][0], pair)
         like = {p: torch.zeros(t.shape, dtype=torch.float64) for p, t in params.items()}
         placed = scatter(spec, codes, like)
         self.covered = {p: (t != 0).to(params[p].device) for p, t in placed.items()}
@@ -132,12 +129,11 @@ class Quotient:
                 src = t.reshape(-1)[dst].long() - 1
                 self._index[p] = (dst.to(params[p].device), src.to(params[p].device))
 
-    def _stacked(self):
-        return zip(self.members, self._rows, strict=True)
-
     @staticmethod
-    def _stack(pairs: list, rows: int) -> Pair:
-        """Pairs stacked on a new first dim, their rows zero-padded to ``rows``."""
+    def _stack(pairs: list, rows: int | None = None) -> Pair:
+        """Pairs stacked on a new first dim, their rows zero-padded to ``rows`` (the longest)."""
+        if rows is None:
+            rows = max(M.shape[-2] for p in pairs for M in p)
         return Pair(
             *(
                 torch.stack(
@@ -146,6 +142,21 @@ class Quotient:
                 for k in (0, 1)
             )
         )
+
+    def _unstack(self, i: int, stacked: Pair) -> list[tuple[int, Pair]]:
+        """``(position in blocks, pair)`` of each member of stack ``i``, padding cut off."""
+        out = []
+        for k, j in enumerate(self.members[i]):
+            b = self.blocks[j][1]
+            out.append(
+                (
+                    j,
+                    Pair(
+                        stacked.G[k][..., : b.G.shape[-2], :], stacked.H[k][..., : b.H.shape[-2], :]
+                    ),
+                )
+            )
+        return out
 
     def gather_stacks(self, tensors: dict[str, Tensor]) -> list[Pair]:
         """One stacked pair per stack read from parameter-shaped ``tensors``.
@@ -170,29 +181,22 @@ class Quotient:
     def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
         """One pair per block (in :attr:`blocks` order), as :meth:`gather_stacks`."""
         out: list = [None] * len(self.blocks)
-        for js, s in zip(self.members, self.gather_stacks(tensors), strict=True):
-            for k, j in enumerate(js):
-                b = self.blocks[j][1]
-                out[j] = Pair(s.G[k][..., : b.G.shape[-2], :], s.H[k][..., : b.H.shape[-2], :])
+        for i, stacked in enumerate(self.gather_stacks(tensors)):
+            for j, pair in self._unstack(i, stacked):
+                out[j] = pair
         return out
 
     def scatter_stacks(self, tangents: list[Pair]) -> dict[str, Tensor]:
         """Write one stacked pair per stack into parameter-shaped tensors (padding dropped).
 
-        Differentiable in ``tangents``.
+        Zero outside the blocks (:meth:`add_stacks` into zeros); differentiable in
+        ``tangents``.
         """
         if len(tangents) != len(self.stacks):
             raise ValueError(f"expected {len(self.stacks)} stacked pairs, got {len(tangents)}")
-        flat = [M.reshape(-1) for t in tangents for M in t]
-        values = torch.cat(flat) if flat else None
-        out = {}
-        for p, t in self.params.items():
-            if p in self._index:
-                dst, src = self._index[p]
-                zero = torch.zeros(t.numel(), dtype=values.dtype, device=values.device)
-                out[p] = zero.index_copy_(0, dst, values.index_select(0, src)).reshape(t.shape)
-            else:
-                out[p] = torch.zeros_like(t)
+        dtype = tangents[0].G.dtype if tangents else None
+        out = {p: torch.zeros_like(t, dtype=dtype) for p, t in self.params.items()}
+        self.add_stacks(out, tangents)
         return out
 
     def add_stacks(self, tensors: dict[str, Tensor], tangents: list[Pair]) -> None:
@@ -212,5 +216,8 @@ class Quotient:
         """Write one pair per block (in :attr:`blocks` order), as :meth:`scatter_stacks`."""
         if len(tangents) != len(self.blocks):
             raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
-        stacked = [self._stack([tangents[j] for j in js], r) for js, r in self._stacked()]
+        stacked = [
+            self._stack([tangents[j] for j in js], s.G.shape[-2])
+            for js, s in zip(self.members, self.stacks, strict=True)
+        ]
         return self.scatter_stacks(stacked)
