@@ -23,10 +23,8 @@ from torch import nn
 from wsym.errors import WsymInputError
 from wsym.metanet.fit import fit
 from wsym.metanet.invariant import invariant_form
-from wsym.metanet.statistics import train_vector_model
+from wsym.metanet.statistics import tensor_statistics, train_vector_model
 from wsym.spec import SymmetrySpec
-
-QUANTILES = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
 
 
 class Metanet:
@@ -48,14 +46,13 @@ class Metanet:
 
 def weight_statistics(sd: dict) -> torch.Tensor:
     """Mean, variance and 5 quantiles of every floating tensor, in sorted key order."""
-    out = []
-    for k in sorted(sd):
-        v = sd[k]
-        if not v.is_floating_point() or v.numel() == 0:
-            continue
-        v = v.detach().double().reshape(-1)
-        out.append(torch.cat([v.mean()[None], v.var(unbiased=False)[None], v.quantile(QUANTILES)]))
-    return torch.cat(out)
+    return torch.cat(
+        [
+            tensor_statistics(sd[k])
+            for k in sorted(sd)
+            if sd[k].is_floating_point() and sd[k].numel() > 0
+        ]
+    )
 
 
 class StatNN:
