@@ -51,12 +51,14 @@ class Perturbation:
 
     Subclasses implement :meth:`inner` and :meth:`gradient` (and override
     :meth:`point` / :meth:`random` where the step is not straight). A tangent is a
-    list of tensors shaped like :attr:`shapes`.
+    list of tensors shaped like :meth:`coordinates`: one per parameter in
+    :attr:`slots` (every parameter unless a subclass moves some otherwise).
     """
 
     def __init__(self, params: dict[str, Tensor]):
         self.params = params
         self.names = list(params)
+        self.slots = self.names
 
     def zero(self) -> Tangent:
         """The zero tangent vector."""
@@ -64,7 +66,7 @@ class Perturbation:
 
     def coordinates(self) -> list[Tensor]:
         """The base point in tangent layout (one tensor per slot)."""
-        return [self.params[n] for n in self.names]
+        return [self.params[n] for n in self.slots]
 
     def inner(self, a: Tangent, b: Tangent) -> Tensor:
         """Metric inner product (0-dim)."""
@@ -78,9 +80,19 @@ class Perturbation:
         """Metric norm (0-dim)."""
         return self.inner(xi, xi).clamp_min(0).sqrt()
 
+    def gradient_norm(self, g: Tangent, d: Tangent) -> Tensor:
+        """Metric norm of the Riemannian gradient ``d = gradient(g)`` (0-dim).
+
+        ``|d|^2 = <g, d>`` in Euclidean coordinates (``d = M^{-1} g``, and where ``d``
+        is projected, the projection is metric-orthogonal), which subclasses use to
+        avoid a metric product.
+        """
+        return self.norm(d)
+
     def point(self, xi: Tangent) -> dict[str, Tensor]:
         """Perturbed parameters (straight step ``theta + xi``)."""
-        return {n: self.params[n] + x for n, x in zip(self.names, xi, strict=False)}
+        moved = {n: self.params[n] + x for n, x in zip(self.slots, xi, strict=False)}
+        return moved if len(moved) == len(self.params) else {**self.params, **moved}
 
     def linearize(self, xi: Tangent) -> tuple[dict[str, Tensor], Callable]:
         """``point(xi)`` (no graph) and the pullback of gradients there to gradients in ``xi``.
@@ -125,27 +137,29 @@ class Adaptive(Perturbation):
 
     def __init__(self, params, mask: dict[str, Tensor] | None = None):
         super().__init__(params)
-        self.keep = {n: ~mask[n] if mask else None for n in self.names}
+        mask = mask or {}
+        # a parameter that the mask covers entirely has no slot (nothing to measure)
+        self.slots = [n for n in self.names if n not in mask or not bool(mask[n].all())]
         dens, keeps = [], []
-        for n in self.names:
+        for n in self.slots:
             w = self.params[n]
             dens.append((w * w + _elementwise_shift(w, ELEMENTWISE_EPS)).reshape(-1))
-            k = self.keep[n]
+            k = ~mask[n] if n in mask else None
             keeps.append(torch.ones_like(dens[-1]) if k is None else k.reshape(-1).to(w.dtype))
         keep = torch.cat(keeps) if keeps else torch.zeros(0)
         den = torch.cat(dens) if dens else torch.zeros(0)
         self._inv = keep / den  # metric weight, 0 on covered entries
         self._scale = keep * den  # Riemannian-gradient factor
-        # per parameter: None where no entry is covered (nothing to mask), else the mask
+        # per slot: None where no entry is covered (nothing to mask), else the mask
         self._partial = [
-            None if k is None or bool(k.all()) else k.to(self.params[n].dtype)
-            for n, k in self.keep.items()
+            (~mask[n]).to(self.params[n].dtype) if n in mask and bool(mask[n].any()) else None
+            for n in self.slots
         ]
-        self._shapes = [self.params[n].shape for n in self.names]
-        self._sizes = [self.params[n].numel() for n in self.names]
+        self._shapes = [self.params[n].shape for n in self.slots]
+        self._sizes = [self.params[n].numel() for n in self.slots]
 
     def _flat(self, xs) -> Tensor:
-        return torch.cat([x.reshape(-1) for x in xs[: len(self.names)]])
+        return torch.cat([x.reshape(-1) for x in xs[: len(self.slots)]])
 
     def _split(self, flat: Tensor) -> list[Tensor]:
         parts = flat.split(self._sizes)
@@ -154,24 +168,23 @@ class Adaptive(Perturbation):
     def _masked(self, xs):
         return [x if k is None else x * k for x, k in zip(xs, self._partial, strict=False)]
 
-    def _weights(self) -> list[Tensor]:
-        return [self.params[n] for n in self.names]
-
     def inner(self, a, b):
         """Metric inner product (0-dim)."""
-        if not self.names:
+        if not self.slots:
             return torch.zeros((), dtype=torch.float64)
         fa = self._flat(a)
         return torch.dot(fa * self._inv, fa if b is a else self._flat(b))
 
     def gradient(self, g):
         """Riemannian gradient from the Euclidean one."""
-        return self._split(self._flat(g) * self._scale)
+        return self._split(self._flat(g) * self._scale) if self.slots else []
 
     def random(self, gen):
         """A random direction in the metric's coordinates (equivariant draw)."""
+        # every parameter draws, slot or not, so that the stream does not depend on the mask;
         # w * z (not |w| * z): a sign flip of w flips the draw, as it flips the tangent
-        return self._masked([w * _randn(w, gen) for w in self._weights()])
+        z = {n: _randn(self.params[n], gen) for n in self.names}
+        return self._masked([self.params[n] * z[n] for n in self.slots])
 
 
 class Geodesic(Adaptive):
@@ -182,13 +195,15 @@ class Geodesic(Adaptive):
         super().__init__(params, quotient.covered)
         self.quotient, self.metric = quotient, metric
         self.blocks = quotient.stacks  # equal-shape blocks stacked: one solve per stack
+        touched = [params[n].reshape(-1) for n in quotient.touched]
+        self._touched = torch.cat(touched) if touched else None  # base of the block moves
 
     def coordinates(self):
-        """Parameters, then the GL blocks' G and H."""
-        return [self.params[n] for n in self.names] + [m for b in self.blocks for m in b]
+        """Parameters not inside the blocks entirely, then the GL blocks' G and H."""
+        return super().coordinates() + [m for b in self.blocks for m in b]
 
     def _pairs(self, xi) -> list[Pair]:
-        rest = xi[len(self.names) :]
+        rest = xi[len(self.slots) :]
         return [Pair(rest[2 * j], rest[2 * j + 1]) for j in range(len(self.blocks))]
 
     def inner(self, a, b):
@@ -205,17 +220,25 @@ class Geodesic(Adaptive):
             out.extend(riemannian_gradient(blk, x, self.metric, EPS))
         return out
 
+    def gradient_norm(self, g, d):
+        """Metric norm of ``d = gradient(g)``: on the blocks ``<g, d>`` (no metric product)."""
+        total = super().inner(d, d)
+        for x, y in zip(g[len(self.slots) :], d[len(self.slots) :], strict=True):
+            total = total + torch.dot(x.reshape(-1), y.reshape(-1))
+        return total.clamp_min(0).sqrt()
+
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
         pairs = zip(self.blocks, self._pairs(xi), strict=True)
         return self._point(xi, [self.move(b, x) for b, x in pairs])
 
     def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
-        out = {
-            n: self.params[n] + x if k is None else torch.addcmul(self.params[n], x, k)
-            for n, x, k in zip(self.names, xi, self._partial, strict=False)
-        }
-        self.quotient.add_stacks(out, moves)
+        out = dict(self.params)
+        if moves:
+            flat = self._touched + self.quotient.scatter_flat(moves)
+            out.update(self.quotient.split_touched(flat))
+        for n, x, k in zip(self.slots, xi, self._partial, strict=False):
+            out[n] = out[n] + x if k is None else torch.addcmul(out[n], x, k)
         return out
 
     def linearize(self, xi):
@@ -248,8 +271,9 @@ class Geodesic(Adaptive):
         return vjp
 
     def _pullback(self, vjps: list[Callable], grads: list[Tensor]) -> Tangent:
-        out = self._masked(grads)
-        pulled = self.quotient.gather_stacks(dict(zip(self.names, grads, strict=True)))
+        table = dict(zip(self.names, grads, strict=True))
+        out = self._masked([table[n] for n in self.slots])
+        pulled = self.quotient.gather_stacks(table)
         for vjp, g in zip(vjps, pulled, strict=True):
             out.extend(vjp(g))
         return out

@@ -105,7 +105,7 @@ class Quotient:
         ]
         # number every stacked entry (1, 2, ... in flattened G, H order, padding included)
         # and scatter the numbers of the blocks' own entries once: afterwards gathering
-        # and scattering are one indexing per parameter
+        # and scattering are one indexing each
         codes: list = [None] * len(self.blocks)
         offset = 1
         for i, stack in enumerate(self.stacks):
@@ -120,14 +120,24 @@ class Quotient:
         placed = scatter(spec, codes, like)
         self.covered = {p: (t != 0).to(params[p].device) for p, t in placed.items()}
         self._total = offset - 1
-        # per parameter touched: positions in it and in the stacked values, so that
-        # gathering and scattering are one index_select and one index_copy_ each
-        self._index: dict[str, tuple[Tensor, Tensor]] = {}
-        for p, t in placed.items():
-            dst = t.reshape(-1).nonzero().squeeze(1)
-            if len(dst):
-                src = t.reshape(-1)[dst].long() - 1
-                self._index[p] = (dst.to(params[p].device), src.to(params[p].device))
+        # the parameters a block touches, concatenated flat ("touched" order): for each
+        # stacked entry the position of its value there (padding: one zero slot after the
+        # end), and for each touched entry the position of its stacked value (entries no
+        # block covers: a zero slot after the stacks), so that gathering and scattering
+        # are one index_select each
+        self.touched = [p for p, t in placed.items() if bool((t != 0).any())]
+        self._shapes = [params[p].shape for p in self.touched]
+        self._sizes = [params[p].numel() for p in self.touched]
+        codes_flat = torch.cat(
+            [torch.zeros(0, dtype=torch.float64)] + [placed[p].reshape(-1) for p in self.touched]
+        )
+        device = next(iter(params.values())).device if params else None
+        where = codes_flat.nonzero().squeeze(1)
+        gather_index = torch.full((self._total,), len(codes_flat), dtype=torch.long)
+        gather_index[codes_flat[where].long() - 1] = where
+        scatter_index = torch.full((len(codes_flat),), self._total, dtype=torch.long)
+        scatter_index[where] = codes_flat[where].long() - 1
+        self._gather_index, self._scatter_index = gather_index.to(device), scatter_index.to(device)
 
     @staticmethod
     def _stack(pairs: list, rows: int | None = None) -> Pair:
@@ -165,17 +175,17 @@ class Quotient:
         stacks themselves; for a gradient with respect to the parameters it returns
         the gradient with respect to the stacked blocks (zero on padding rows).
         """
-        like = next(iter(tensors.values()))
-        values = torch.zeros(self._total, dtype=like.dtype, device=like.device)
-        for p, (dst, src) in self._index.items():
-            values.index_copy_(0, src, tensors[p].reshape(-1).index_select(0, dst))
-        out, offset = [], 0
-        for s in self.stacks:
-            parts = []
-            for M in s:
-                parts.append(values[offset : offset + M.numel()].reshape(M.shape))
-                offset += M.numel()
-            out.append(Pair(*parts))
+        if not self.stacks:
+            return []
+        like = tensors[self.touched[0]]
+        zero = torch.zeros(1, dtype=like.dtype, device=like.device)
+        flat = torch.cat([*(tensors[p].reshape(-1) for p in self.touched), zero])
+        return self._split_stacks(flat.index_select(0, self._gather_index))
+
+    def _split_stacks(self, values: Tensor) -> list[Pair]:
+        out, parts = [], values.split([M.numel() for s in self.stacks for M in s])
+        for i, s in enumerate(self.stacks):
+            out.append(Pair(parts[2 * i].view(s.G.shape), parts[2 * i + 1].view(s.H.shape)))
         return out
 
     def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
@@ -189,28 +199,30 @@ class Quotient:
     def scatter_stacks(self, tangents: list[Pair]) -> dict[str, Tensor]:
         """Write one stacked pair per stack into parameter-shaped tensors (padding dropped).
 
-        Zero outside the blocks (:meth:`add_stacks` into zeros); differentiable in
-        ``tangents``.
+        Zero outside the blocks; differentiable in ``tangents``.
         """
         if len(tangents) != len(self.stacks):
             raise ValueError(f"expected {len(self.stacks)} stacked pairs, got {len(tangents)}")
         dtype = tangents[0].G.dtype if tangents else None
         out = {p: torch.zeros_like(t, dtype=dtype) for p, t in self.params.items()}
-        self.add_stacks(out, tangents)
+        if tangents:
+            out.update(self.split_touched(self.scatter_flat(tangents)))
         return out
 
-    def add_stacks(self, tensors: dict[str, Tensor], tangents: list[Pair]) -> None:
-        """Add one stacked pair per stack into parameter-shaped ``tensors``, in place.
+    def scatter_flat(self, tangents: list[Pair]) -> Tensor:
+        """Stacked pairs written into the touched parameters, concatenated flat.
 
-        ``tensors`` must hold every parameter a block covers and be writable; the same
-        as adding :meth:`scatter_stacks`, without the zero tensors.
+        The layout of :meth:`split_touched`; zero on entries no block covers.
         """
-        flat = [M.reshape(-1) for t in tangents for M in t]
-        if not flat:
-            return
-        values = torch.cat(flat)
-        for p, (dst, src) in self._index.items():
-            tensors[p].view(-1).index_add_(0, dst, values.index_select(0, src))
+        like = tangents[0].G
+        zero = torch.zeros(1, dtype=like.dtype, device=like.device)
+        values = torch.cat([*(M.reshape(-1) for t in tangents for M in t), zero])
+        return values.index_select(0, self._scatter_index)
+
+    def split_touched(self, flat: Tensor) -> dict[str, Tensor]:
+        """``{name: view}`` of a flat vector over the touched parameters (:attr:`touched`)."""
+        parts = flat.split(self._sizes)
+        return {p: x.view(s) for p, x, s in zip(self.touched, parts, self._shapes, strict=True)}
 
     def scatter(self, tangents: list[Pair]) -> dict[str, Tensor]:
         """Write one pair per block (in :attr:`blocks` order), as :meth:`scatter_stacks`."""

@@ -98,8 +98,9 @@ def _direction(geom, f, xi) -> tuple[float, Tangent]:
     value = f(dict(zip(geom.names, leaves, strict=True)))
     grads = torch.autograd.grad(value, leaves, allow_unused=True)
     grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
-    d = geom.gradient(pullback(grads))
-    n = float(geom.norm(d))
+    g = pullback(grads)
+    d = geom.gradient(g)
+    n = float(geom.gradient_norm(g, d))
     d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
     return float(value.detach()), [x.detach() for x in d]
 

@@ -45,7 +45,8 @@ def _invariant_factor(M: Tensor, xi: Tensor, eps: float) -> tuple[Tensor, Callab
 
     def vjp(g: Tensor) -> Tensor:
         W = P.solve(torch.cat([xi.mT @ g, M.mT @ g], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
-        adj = -0.5 * g @ P.solve(S, left=False) - 0.5 * M @ _sym(W[..., :h])
+        # S P^-1 = (P^-1 S)^T: both symmetric
+        adj = -0.5 * g @ Z[..., :h].mT - 0.5 * M @ _sym(W[..., :h])
         return g - (adj + 0.5 * xi @ _sym(W[..., h:]))
 
     return gamma, vjp
@@ -56,9 +57,10 @@ def _mixed(block: Pair, xi: Pair, eps: float) -> tuple[Pair, Callable]:
     (G, H), (xG, xH) = block, xi
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
     S_G, S_H = _sym(xG.mT @ G), _sym(xH.mT @ H)
+    A_G, A_H = P.solve(S_G, left=False), Q.solve(S_H, left=False)  # S P^-1, S Q^-1
     gamma = Pair(
-        xG @ Q.solve(S_H, left=False) - G @ Q.solve(xH.mT @ xH, left=False),
-        xH @ P.solve(S_G, left=False) - H @ P.solve(xG.mT @ xG, left=False),
+        xG @ A_H - G @ Q.solve(xH.mT @ xH, left=False),
+        xH @ A_G - H @ P.solve(xG.mT @ xG, left=False),
     )
 
     def vjp(g: Pair) -> Pair:
@@ -66,8 +68,9 @@ def _mixed(block: Pair, xi: Pair, eps: float) -> tuple[Pair, Callable]:
         # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
         M_G, N_G = Q.solve(xG.mT @ gG, left=False), Q.solve(G.mT @ gG, left=False)
         M_H, N_H = P.solve(xH.mT @ gH, left=False), P.solve(H.mT @ gH, left=False)
-        adj_G = 0.5 * (gG @ Q.solve(S_H) + G @ _sym(M_H) - xG @ _sym(N_H))
-        adj_H = 0.5 * (gH @ P.solve(S_G) + H @ _sym(M_G) - xH @ _sym(N_G))
+        # Q^-1 S_H = (S_H Q^-1)^T: both symmetric
+        adj_G = 0.5 * (gG @ A_H.mT + G @ _sym(M_H) - xG @ _sym(N_H))
+        adj_H = 0.5 * (gH @ A_G.mT + H @ _sym(M_G) - xH @ _sym(N_G))
         return Pair(gG - adj_G, gH - adj_H)
 
     return gamma, vjp

@@ -112,7 +112,7 @@ class GeoSAM(SharpnessAware):
             pulled = torch.autograd.grad(value, xi, allow_unused=True)
         pulled = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, pulled, strict=True)]
         direction = geom.gradient(pulled)
-        size = float(geom.norm(direction))
+        size = float(geom.gradient_norm(pulled, direction))
         if not size > 0:
             return [torch.zeros_like(p) for p in params]
         step = [self.rho / size * d for d in direction]
