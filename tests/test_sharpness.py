@@ -320,3 +320,22 @@ def test_stack_padding_rows_stay_zero(detected, name, metric):
     per_block = geom.quotient.scatter([b for _, b in geom.quotient.blocks])
     for n in params:
         assert torch.equal(back[n], per_block[n])
+
+
+@pytest.mark.parametrize("name", ["tiny-transformer", "bert"])
+@pytest.mark.parametrize("metric", ["invariant", "mixed"])
+def test_gradient_norm_is_the_metric_norm(detected, name, metric):
+    """``|gradient(g)|`` from ``<g, gradient(g)>`` is the metric norm; every name moves."""
+    from wsym.perturbation import Geodesic
+
+    model, _, spec = detected(name)
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    geom = Geodesic(params, spec, metric)
+    assert len(geom.slots) < len(geom.names), "some parameter lies inside the blocks entirely"
+    gen = torch.Generator().manual_seed(1)
+    g = [torch.randn(c.shape, generator=gen, dtype=c.dtype) for c in geom.coordinates()]
+    d = geom.gradient(g)
+    torch.testing.assert_close(geom.gradient_norm(g, d), geom.norm(d), rtol=1e-10, atol=0)
+    moved = geom.point([0.01 * x for x in geom.random(gen)])
+    assert list(moved) == list(params)
+    assert all(not torch.equal(moved[n], params[n]) for n in geom.names if n not in geom.slots)
