@@ -75,6 +75,8 @@ class Quotient:
         stacks: per stack, ``Pair(G (k, *index, r, h), H (k, *index, r, h))``.
         rows: per stack, ``Pair`` of 0/1 row masks ``(k, *index, r, 1)`` (None: no padding).
         covered: ``{name: bool tensor}``, True on entries inside some GL or GL(1) block.
+        touched: the names of the parameters some block covers (in part), in the flat
+            order of :meth:`scatter_flat` and :meth:`split_touched`.
 
     Example:
         >>> import torch, wsym
