@@ -127,6 +127,8 @@ class Plan:
             slots = {s: [whole[s]] for s in "bmv"}
             if mixed:
                 slots["adam"] = [adam]
+            if n_adam:
+                slots["work"] = [torch.empty_like(whole["param"])]
             self.blocks.append((rule, [whole["param"]], [whole["grad"]], slots, [-lr], [wd]))
             return
         runs = _runs(hyper.is_adam.tolist())
@@ -140,7 +142,10 @@ class Plan:
                     rule,
                     p,
                     [grads[n][r] for r in rows for n in names],
-                    {s: [state[f"{s}:{n}"][r] for r in rows for n in names] for s in "bmv"},
+                    {
+                        **{s: [state[f"{s}:{n}"][r] for r in rows for n in names] for s in "bmv"},
+                        "work": [torch.empty_like(x) for x in p] if flag else [],
+                    },
                     [_per_member(-hyper.lr[r], params[n]) for r in rows for n in names],
                     [_per_member(hyper.weight_decay[r], params[n]) for r in rows for n in names],
                 )
@@ -188,24 +193,29 @@ def _sgd(p, g, state, neg_lr, wd, t) -> None:
 def _adam(p, g, state, neg_lr, wd, t) -> None:
     """``torch.optim.Adam``'s update, per-member ``lr`` and coupled weight decay ``wd``."""
     torch._foreach_addcmul_(g, p, wd)  # the gradient buffers are rewritten before each step
-    direction = _adam_direction(g, state["m"], state["v"], t)
+    direction = _adam_direction(g, state["m"], state["v"], t, state["work"])
     torch._foreach_addcmul_(p, direction, neg_lr)
 
 
-def _adam_direction(g, m, v, t) -> list:
-    """Adam's bias-corrected direction, updating the moments ``m`` and ``v`` with ``g``.
+def _adam_direction(g, m, v, t, work) -> list:
+    """Adam's bias-corrected direction (in ``work``), updating the moments ``m``, ``v`` with ``g``.
 
-    Shared by :func:`_adam` and :func:`_mixed`, so both give the same bits.
+    Shared by :func:`_adam` and :func:`_mixed`, so both give the same bits. The
+    kernels are those of ``torch._foreach_sqrt`` and ``torch._foreach_div`` (one
+    ``at::sqrt`` / ``at::div`` per tensor), written into the preallocated ``work``
+    buffers instead of new tensors.
     """
     torch._foreach_lerp_(m, g, 1 - BETA1)
     torch._foreach_mul_(v, BETA2)
     torch._foreach_addcmul_(v, g, g, value=1 - BETA2)
-    denom = torch._foreach_sqrt(v)
-    torch._foreach_div_(denom, (1 - BETA2**t) ** 0.5)
-    torch._foreach_add_(denom, EPS)
-    direction = torch._foreach_div(m, denom)
-    torch._foreach_mul_(direction, 1 / (1 - BETA1**t))
-    return direction
+    for second, denom in zip(v, work, strict=True):
+        torch.sqrt(second, out=denom)
+    torch._foreach_div_(work, (1 - BETA2**t) ** 0.5)
+    torch._foreach_add_(work, EPS)
+    for first, denom in zip(m, work, strict=True):
+        torch.div(first, denom, out=denom)
+    torch._foreach_mul_(work, 1 / (1 - BETA1**t))
+    return work
 
 
 def _mixed(p, g, state, neg_lr, wd, t) -> None:
@@ -214,7 +224,7 @@ def _mixed(p, g, state, neg_lr, wd, t) -> None:
     b = state["b"]
     torch._foreach_mul_(b, MOMENTUM)
     torch._foreach_add_(b, g)
-    direction = _adam_direction(g, state["m"], state["v"], t)
+    direction = _adam_direction(g, state["m"], state["v"], t, state["work"])
     for d, adam, momentum in zip(direction, state["adam"], b, strict=True):
         torch.where(adam, d, momentum, out=d)
     torch._foreach_addcmul_(p, direction, neg_lr)

@@ -143,7 +143,9 @@ def forward(state: dict[str, torch.Tensor], x: torch.Tensor, spec: MLPSpec) -> t
     for name, act in zip(spec.layers, spec.activations, strict=True):
         weight, bias = state[f"{name}.weight"], state[f"{name}.bias"]
         h = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
-        if act is not None:
+        if act == "relu":
+            h.relu_()  # h is fresh: no second (M, B, width) tensor
+        elif act is not None:
             h = _FORWARD[act](h)
     return h
 

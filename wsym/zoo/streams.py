@@ -78,11 +78,13 @@ class DataStream:
 
     def next_block(self) -> torch.Tensor:
         """Example indices of the next :data:`BLOCK` steps, ``(BLOCK, B)``."""
-        need = BLOCK * self.batch
-        while len(self.pending) < need:
-            order = self.subset[torch.randperm(len(self.subset), generator=self.gen)]
-            self.pending = torch.cat([self.pending, order[: self.per_epoch * self.batch]])
-        block, self.pending = self.pending[:need], self.pending[need:]
+        need, epoch = BLOCK * self.batch, self.per_epoch * self.batch
+        parts, have = [self.pending], len(self.pending)
+        while have < need:  # one fresh order per epoch, its last incomplete batch dropped
+            parts.append(self.subset[torch.randperm(len(self.subset), generator=self.gen)[:epoch]])
+            have += epoch
+        pending = torch.cat(parts) if len(parts) > 1 else self.pending
+        block, self.pending = pending[:need], pending[need:]
         return block.view(BLOCK, self.batch)
 
 
