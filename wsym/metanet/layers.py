@@ -107,6 +107,7 @@ class WeightGraphNet(nn.Module):
         edge_width, attr_width, graph_width, stat_width: raw feature sizes (from the schema).
         hidden: feature size; layers: message-passing rounds; outputs: predicted targets.
         stat_hidden, members: width and ensemble size of the statistics branch.
+        trees, tree_depth: its boosted trees (0: none).
     """
 
     def __init__(
@@ -124,6 +125,8 @@ class WeightGraphNet(nn.Module):
         outputs: int = 1,
         stat_hidden: int = 64,
         members: int = 5,
+        trees: int = 0,
+        tree_depth: int = 3,
     ):
         super().__init__()
         self.num_classes, self.num_edge_types = num_classes, max(num_edge_types, 1)
@@ -131,7 +134,9 @@ class WeightGraphNet(nn.Module):
         self.edge_enc = TypedEncoder(self.num_edge_types, edge_width, hidden)
         self.attr_enc = TypedEncoder(max(num_attr_types, 1), attr_width, hidden)
         self.graph_enc = nn.Linear(max(graph_width, 1), hidden)
-        self.stats = StatisticsEnsemble(max(stat_width, 1), stat_hidden, members, outputs)
+        self.stats = StatisticsEnsemble(
+            max(stat_width, 1), stat_hidden, members, outputs, trees=trees, tree_depth=tree_depth
+        )
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
         pooled = (self.num_classes + self.num_edge_types + 1) * hidden
         self.head = mlp(pooled, hidden, outputs)
@@ -173,6 +178,12 @@ class WeightGraphNet(nn.Module):
 
 
 def stat_input(batch, dtype) -> Tensor:
-    """``(B, max(F_s, 1))`` per-tensor statistics (a zero column when there are none)."""
-    x = batch.stat_attr.to(dtype)
+    r"""``(B, max(F_s, 1))`` per-tensor statistics (a zero column when there are none).
+
+    On the signed log scale :math:`\operatorname{asinh}(x)` (monotone, so the
+    quantile-normal features and the trees' splits are unchanged), computed in
+    float64 before the cast: canonical forms of networks with nearly dead units
+    have statistics beyond the float32 range (up to 1e83 on the mnist1d-cnn zoo).
+    """
+    x = torch.asinh(batch.stat_attr.double()).to(dtype)
     return x if x.shape[1] else x.new_zeros(x.shape[0], 1)

@@ -28,7 +28,7 @@ from wsym.metanet.layers import WeightGraphNet
 from wsym.spec import SymmetrySpec
 
 META_KEY = "wsym.metanet"
-FORMAT = 3  # 2: per-tensor statistics in the readout; 3: statistics branch
+FORMAT = 4  # 2: statistics in the readout; 3: statistics branch; 4: asinh statistics, trees
 
 
 def network_for(
@@ -38,6 +38,8 @@ def network_for(
     outputs: int,
     stat_hidden: int = 64,
     members: int = 5,
+    trees: int = 0,
+    tree_depth: int = 3,
 ) -> WeightGraphNet:
     """A fresh :class:`WeightGraphNet` sized for ``schema``."""
     return WeightGraphNet(
@@ -54,6 +56,8 @@ def network_for(
         outputs=outputs,
         stat_hidden=stat_hidden,
         members=members,
+        trees=trees,
+        tree_depth=tree_depth,
     )
 
 
@@ -164,6 +168,8 @@ def load(path: str | os.PathLike) -> Predictor:
         len(config["targets"]),
         config["stat_hidden"],
         config["members"],
+        config.get("trees", 0),
+        config.get("tree_depth", 3),
     )
     net.load_state_dict(tensors)
     return Predictor(spec, net, config)
