@@ -13,6 +13,7 @@ from wsym.metanet import fit, kendall_tau, load
 from wsym.metanet.baselines import Metanet, StatNN
 from wsym.metanet.fit import BLENDS
 from wsym.metanet.layers import stat_input
+from wsym.metanet.statistics import StatisticsEnsemble
 from wsym.metanet.trees import BoostedTrees
 from wsym.reference import MLP
 from wsym.testing import assert_invariant
@@ -81,12 +82,13 @@ def test_trees_saved_and_prediction_invariant(with_trees, tmp_path):
     assert_invariant(lambda s: q.double().predict(s), q.spec, sd, tol=1e-5, seeds=(0, 1))
 
 
-def test_statistics_input_finite_beyond_float32():
+def test_tree_features_finite_beyond_float32():
     class Batch:
         stat_attr = torch.tensor([[1e83, -1e41, 0.5]], dtype=torch.float64)
 
-    x = stat_input(Batch, torch.float32)
-    assert torch.isfinite(x).all() and x[0, 0] > x[0, 2] > 0 > x[0, 1]
+    x = StatisticsEnsemble(3, trees=2).tree_features(stat_input(Batch))
+    assert x.dtype == torch.float32 and torch.isfinite(x).all()
+    assert x[0, 0] > x[0, 2] > 0 > x[0, 1]
 
 
 def test_baseline_caches_hold_their_state_dicts():
@@ -102,3 +104,20 @@ def test_baseline_caches_hold_their_state_dicts():
     statnn = StatNN(spec, canonical=True, cache={})
     statnn.fit(sds[:8], y[:8], sds[8:10], y[8:10])
     assert len(statnn.cache) == 8 and statnn.predict(sds[10:]).shape == (2,)
+
+
+def test_fit_finite_with_dead_units_of_huge_canonical_scale():
+    sds, y = _population(16)
+    sds = [{k: v.double() for k, v in sd.items()} for sd in sds]
+    sds[0] = {k: v * 1e60 for k, v in sds[0].items()}  # beyond float32 after balancing
+    p = fit(
+        lambda: MLP(4, [6], 3),
+        sds[:12],
+        y[:12],
+        example_inputs=torch.randn(2, 4),
+        epochs=2,
+        stat_epochs=5,
+        trees=5,
+        seed=0,
+    )
+    assert torch.isfinite(p.predict(sds)).all()

@@ -32,7 +32,7 @@ from torch import nn
 from wsym.detect import spec_or_detect
 from wsym.errors import WsymInputError
 from wsym.metanet.graph import GraphSchema, batch_graphs
-from wsym.metanet.layers import stat_input
+from wsym.metanet.layers import log_beyond, stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.metanet.statistics import train_vector_model
@@ -154,14 +154,14 @@ def fit(
         probe.schema, hidden, layers, y.shape[1], stat_hidden, members, trees, tree_depth
     )
     whole = batch_graphs(graphs)
-    net.edge_enc.fit(whole.edge_attr.float(), whole.edge_type)
-    net.attr_enc.fit(whole.attr_val.float(), whole.attr_type)
+    net.edge_enc.fit(log_beyond(whole.edge_attr).float(), whole.edge_type)
+    net.attr_enc.fit(log_beyond(whole.attr_val).float(), whole.attr_type)
     start = time.perf_counter()
     stat_tau, blend_taus = _train_statistics(
         net.stats,
-        stat_input(whole, torch.float32),
+        stat_input(whole),
         ((y - mean) / std).float(),
-        stat_input(batch_graphs(val_graphs), torch.float32),
+        stat_input(batch_graphs(val_graphs)),
         ((y_val - mean) / std).float(),
         epochs=stat_epochs,
         patience=stat_patience,
@@ -190,7 +190,7 @@ def fit(
     report.update(
         statistics_val_tau=stat_tau,
         statistics_seconds=stat_seconds,
-        blend=float(net.stats.blend),
+        blend=float(net.stats.blend) if trees else 0.0,
         blend_val_taus=blend_taus,
     )
     config["report"] = report
@@ -202,9 +202,10 @@ def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed)
 
     Returns the branch's validation tau and ``{blend: validation tau}`` over the grid.
     """
-    branch.normal.fit(x)
+    dtype = branch.normal.knots.dtype
+    branch.normal.fit(x.to(dtype))
     with torch.no_grad():
-        q, q_val = branch.normal(x), branch.normal(x_val)
+        q, q_val = branch.normal(x.to(dtype)), branch.normal(x_val.to(dtype))
     for j, member in enumerate(branch.members):
         torch.manual_seed(seed * 1009 + j)
         for layer in member:
@@ -214,7 +215,7 @@ def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed)
             member, q, z, q_val, z_val, epochs=epochs, lr=lr, patience=patience, seed=seed + j
         )
     for j, trees in enumerate(branch.trees):
-        trees.fit(x, z[:, j], seed=seed)
+        trees.fit(branch.tree_features(x), z[:, j], seed=seed)
     branch.eval()
     taus = {}
     with torch.no_grad():
@@ -222,7 +223,8 @@ def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed)
         for beta in BLENDS if len(branch.trees) else (0.0,):
             taus[beta] = kendall_tau(z_val[:, 0], (1 - beta) * mlp + beta * boosted)
     best = max(taus, key=lambda b: (taus[b], -abs(b - 0.5)))  # ties: the even blend
-    branch.blend.fill_(best)
+    if len(branch.trees):
+        branch.blend.fill_(best)
     return taus[best], taus
 
 

@@ -28,7 +28,7 @@ from wsym.metanet.layers import WeightGraphNet
 from wsym.spec import SymmetrySpec
 
 META_KEY = "wsym.metanet"
-FORMAT = 4  # 2: statistics in the readout; 3: statistics branch; 4: asinh statistics, trees
+FORMAT = 3  # 2: per-tensor statistics in the readout; 3: statistics branch
 
 
 def network_for(

@@ -152,23 +152,35 @@ class StatisticsEnsemble(nn.Module):
         self.trees = nn.ModuleList(
             BoostedTrees(trees, tree_depth) for _ in range(outputs if trees else 0)
         )
-        self.register_buffer("blend", torch.zeros(()))
+        if trees:  # a buffer only with trees: files without them load unchanged
+            self.register_buffer("blend", torch.zeros(()))
 
     def perceptrons(self, x: Tensor) -> Tensor:
-        """``(B, outputs)`` mean of the perceptrons."""
-        z = self.normal(x)
+        """``(B, outputs)`` mean of the perceptrons (``x`` cast to the branch's dtype)."""
+        z = self.normal(x.to(self.normal.knots.dtype))
         return torch.stack([m(z) for m in self.members]).mean(0)
+
+    def tree_features(self, x: Tensor) -> Tensor:
+        r"""``x`` on the signed log scale :math:`\operatorname{asinh}(x)`, then cast.
+
+        Monotone, so the trees' splits are those on ``x``; computed in float64
+        first, as canonical forms of networks with nearly dead units have
+        statistics beyond the float32 range (up to 1e83 on the mnist1d-cnn zoo).
+        """
+        return torch.asinh(x.double()).to(self.normal.knots.dtype)
 
     def boosted(self, x: Tensor) -> Tensor:
         """``(B, outputs)`` the boosted trees (zeros without trees)."""
         if not len(self.trees):
-            return x.new_zeros(x.shape[0], self.members[0][-1].out_features)
-        return torch.cat([t(x) for t in self.trees], dim=1)
+            return self.normal.knots.new_zeros(x.shape[0], self.members[0][-1].out_features)
+        z = self.tree_features(x)
+        return torch.cat([t(z) for t in self.trees], dim=1)
 
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, outputs)`` from raw statistics ``x (B, F)`` (float64 preferred)."""
         if not len(self.trees):
             return self.perceptrons(x)
-        beta = self.blend.to(x.dtype)
+        beta = self.blend.to(self.normal.knots.dtype)
         return (1 - beta) * self.perceptrons(x) + beta * self.boosted(x)
 
 
