@@ -17,8 +17,8 @@ singular values, so permutations do not move it):
 :class:`QuantileNormal` maps each feature through its training-set empirical
 CDF and the standard normal quantile function (a monotone, scale-free
 standardization, as gradient boosting is scale-free), and
-:class:`StatisticsEnsemble` averages a few small perceptrons on the result and
-blends them with gradient-boosted trees on the raw statistics (StatNN's
+:class:`StatisticsEnsemble` averages a few small perceptrons on the result and,
+optionally, blends them with gradient-boosted trees on the statistics (StatNN's
 learner, :mod:`wsym.metanet.trees`).
 
 Example:
