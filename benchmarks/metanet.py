@@ -41,6 +41,9 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--patience", type=int, default=10, help="early-stopping patience")
     parser.add_argument("--hidden", type=int, default=16, help="meta-network width")
     parser.add_argument("--layers", type=int, default=2, help="message-passing rounds")
+    parser.add_argument(
+        "--trees", type=int, default=0, help="boosted trees blended into the statistics branch"
+    )
     parser.add_argument("--no-timing", action="store_true", help="skip the training-time lines")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -58,6 +61,7 @@ def main() -> None:  # noqa: D103
         "patience": args.patience,
         "hidden": args.hidden,
         "layers": args.layers,
+        "trees": args.trees,
     }
     report = evaluate(
         zoo,
@@ -76,6 +80,7 @@ def main() -> None:  # noqa: D103
                 f" -> with graph branch {rep['val_tau']:.3f} (best graph epoch "
                 f"{rep['best_epoch']} of {rep['epochs_run']}; 0 = graph branch not kept), "
                 f"{rep['statistics_seconds']:.0f}s + {rep['train_seconds']:.0f}s"
+                + (f", trees blended at {rep['blend']}" if args.trees else "")
             )
     if args.no_timing:
         return

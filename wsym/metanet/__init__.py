@@ -3,6 +3,7 @@
 * :mod:`~wsym.metanet.graph` -- weights as torch-geometric graphs, derived from the spec;
 * :mod:`~wsym.metanet.invariant` -- continuous groups and signs removed by canonical forms;
 * :mod:`~wsym.metanet.statistics` -- invariant per-tensor statistics, the ensemble branch;
+* :mod:`~wsym.metanet.trees` -- gradient-boosted trees as a torch module (optional in that branch);
 * :mod:`~wsym.metanet.layers` -- message passing with edge updates;
 * :mod:`~wsym.metanet.fit` / :mod:`~wsym.metanet.predictor` -- training, prediction, files;
 * :mod:`~wsym.metanet.baselines` -- StatNN, flat MLP, NFN, sharpness predictors.

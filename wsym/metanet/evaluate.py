@@ -53,11 +53,16 @@ def zoo_splits(zoo, split_key: str | None = None) -> dict[str, list[int]]:
 def make_predictor(name: str, spec, zoo, metanet_options: dict | None = None):
     """A fresh predictor by name (``metanet``, ``statnn``, ..., ``sharpness:MEASURE``)."""
     if name == "metanet":
-        return baselines.Metanet(spec, **(metanet_options or {}))
+        options = dict(metanet_options or {})
+        if "cache" in options:
+            options["cache"] = options["cache"].setdefault("metanet", {})
+        return baselines.Metanet(spec, **options)
+    cache = (metanet_options or {}).get("cache")
     if name == "statnn":
-        return baselines.StatNN()
+        return baselines.StatNN(cache={} if cache is None else cache.setdefault("statnn", {}))
     if name == "statnn-canonical":
-        return baselines.StatNN(spec, canonical=True)
+        cache = {} if cache is None else cache.setdefault("statnn-canonical", {})
+        return baselines.StatNN(spec, canonical=True, cache=cache)
     if name == "flat-mlp":
         return baselines.FlatMLP()
     if name == "nfn":
@@ -100,6 +105,7 @@ def evaluate(
         "test_targets": ys["test"].tolist(),
         "test_predictions": {},
     }
+    metanet_options = {**(metanet_options or {}), "cache": {}}  # invariant forms computed once
     probe = {k: v.double() if v.is_floating_point() else v for k, v in sds["test"][0].items()}
     for name in predictors:
         row = {"name": name, "status": "ok"}

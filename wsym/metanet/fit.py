@@ -32,11 +32,14 @@ from torch import nn
 from wsym.detect import spec_or_detect
 from wsym.errors import WsymInputError
 from wsym.metanet.graph import GraphSchema, batch_graphs
-from wsym.metanet.layers import stat_input
+from wsym.metanet.layers import log_beyond, stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.metanet.statistics import train_vector_model
 from wsym.spec import SymmetrySpec
+
+#: Weights of the boosted trees tried against the perceptrons (chosen on validation).
+BLENDS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def fit(
@@ -59,11 +62,14 @@ def fit(
     patience: int = 20,
     seed: int = 0,
     graphs=None,
+    val_graphs=None,
     members: int = 5,
     stat_hidden: int = 64,
     stat_epochs: int = 300,
     stat_patience: int = 40,
     stat_lr: float = 1e-3,
+    trees: int = 0,
+    tree_depth: int = 3,
 ) -> Predictor:
     """Train a meta-network predicting ``targets`` from ``state_dicts``.
 
@@ -87,11 +93,17 @@ def fit(
         patience: epochs without a better validation tau before stopping.
         seed: seeds the network's initialization and the batch orders.
         graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
+        val_graphs: the same for ``validation[0]``.
         members: perceptrons averaged in the statistics branch (an ensemble).
         stat_hidden: their width.
         stat_epochs: largest number of epochs of each of them (stage 1).
         stat_patience: their early-stopping patience.
         stat_lr: their AdamW learning rate.
+        trees: boosting stages of gradient-boosted trees on the same statistics,
+            blended into the statistics branch with a weight chosen on the
+            validation members (0, the default: perceptrons only; see
+            ``benchmarks/metanet_results.md`` for the ablation).
+        tree_depth: depth of each tree.
 
     Returns:
         A :class:`~wsym.metanet.predictor.Predictor`; ``config["report"]`` has the
@@ -123,7 +135,7 @@ def fit(
         val_graphs, y_val = [graphs[i] for i in val_idx], y[val_idx]
         graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
     else:
-        val_graphs = probe.graphs(validation[0])
+        val_graphs = probe.graphs(validation[0]) if val_graphs is None else list(val_graphs)
         y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
     mean, std = y.mean(0), y.std(0).clamp(min=1e-12) if len(y) > 1 else torch.ones(y.shape[1])
     config = {
@@ -134,18 +146,22 @@ def fit(
         "layers": layers,
         "stat_hidden": stat_hidden,
         "members": members,
+        "trees": trees,
+        "tree_depth": tree_depth,
     }
     torch.manual_seed(seed)
-    net = network_for(probe.schema, hidden, layers, y.shape[1], stat_hidden, members)
+    net = network_for(
+        probe.schema, hidden, layers, y.shape[1], stat_hidden, members, trees, tree_depth
+    )
     whole = batch_graphs(graphs)
-    net.edge_enc.fit(whole.edge_attr.float(), whole.edge_type)
-    net.attr_enc.fit(whole.attr_val.float(), whole.attr_type)
+    net.edge_enc.fit(log_beyond(whole.edge_attr).float(), whole.edge_type)
+    net.attr_enc.fit(log_beyond(whole.attr_val).float(), whole.attr_type)
     start = time.perf_counter()
-    stat_tau = _train_statistics(
+    stat_tau, blend_taus = _train_statistics(
         net.stats,
-        stat_input(whole, torch.float32),
+        stat_input(whole),
         ((y - mean) / std).float(),
-        stat_input(batch_graphs(val_graphs), torch.float32),
+        stat_input(batch_graphs(val_graphs)),
         ((y_val - mean) / std).float(),
         epochs=stat_epochs,
         patience=stat_patience,
@@ -171,16 +187,25 @@ def fit(
         patience=patience,
         seed=seed,
     )
-    report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
+    report.update(
+        statistics_val_tau=stat_tau,
+        statistics_seconds=stat_seconds,
+        blend=float(net.stats.blend) if trees else 0.0,
+        blend_val_taus=blend_taus,
+    )
     config["report"] = report
     return predictor
 
 
-def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed) -> float:
-    """Stage 1: fit the quantile knots, train each ensemble member; its validation tau."""
-    branch.normal.fit(x)
+def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed):
+    """Stage 1: quantile knots, each perceptron, the trees, the blend; validation taus.
+
+    Returns the branch's validation tau and ``{blend: validation tau}`` over the grid.
+    """
+    dtype = branch.normal.knots.dtype
+    branch.normal.fit(x.to(dtype))
     with torch.no_grad():
-        q, q_val = branch.normal(x), branch.normal(x_val)
+        q, q_val = branch.normal(x.to(dtype)), branch.normal(x_val.to(dtype))
     for j, member in enumerate(branch.members):
         torch.manual_seed(seed * 1009 + j)
         for layer in member:
@@ -189,9 +214,18 @@ def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed)
         train_vector_model(
             member, q, z, q_val, z_val, epochs=epochs, lr=lr, patience=patience, seed=seed + j
         )
+    for j, trees in enumerate(branch.trees):
+        trees.fit(branch.tree_features(x), z[:, j], seed=seed)
     branch.eval()
+    taus = {}
     with torch.no_grad():
-        return kendall_tau(z_val[:, 0], branch(x_val)[:, 0])
+        mlp, boosted = branch.perceptrons(x_val)[:, 0], branch.boosted(x_val)[:, 0]
+        for beta in BLENDS if len(branch.trees) else (0.0,):
+            taus[beta] = kendall_tau(z_val[:, 0], (1 - beta) * mlp + beta * boosted)
+    best = max(taus, key=lambda b: (taus[b], -abs(b - 0.5)))  # ties: the even blend
+    if len(branch.trees):
+        branch.blend.fill_(best)
+    return taus[best], taus
 
 
 def _train(

@@ -38,6 +38,8 @@ def network_for(
     outputs: int,
     stat_hidden: int = 64,
     members: int = 5,
+    trees: int = 0,
+    tree_depth: int = 3,
 ) -> WeightGraphNet:
     """A fresh :class:`WeightGraphNet` sized for ``schema``."""
     return WeightGraphNet(
@@ -54,6 +56,8 @@ def network_for(
         outputs=outputs,
         stat_hidden=stat_hidden,
         members=members,
+        trees=trees,
+        tree_depth=tree_depth,
     )
 
 
@@ -164,6 +168,8 @@ def load(path: str | os.PathLike) -> Predictor:
         len(config["targets"]),
         config["stat_hidden"],
         config["members"],
+        config.get("trees", 0),
+        config.get("tree_depth", 3),
     )
     net.load_state_dict(tensors)
     return Predictor(spec, net, config)

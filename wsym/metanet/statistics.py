@@ -17,7 +17,9 @@ singular values, so permutations do not move it):
 :class:`QuantileNormal` maps each feature through its training-set empirical
 CDF and the standard normal quantile function (a monotone, scale-free
 standardization, as gradient boosting is scale-free), and
-:class:`StatisticsEnsemble` averages a few small perceptrons on the result.
+:class:`StatisticsEnsemble` averages a few small perceptrons on the result and,
+optionally, blends them with gradient-boosted trees on the statistics (StatNN's
+learner, :mod:`wsym.metanet.trees`).
 
 Example:
     >>> t = torch.arange(6.0).reshape(2, 3)
@@ -108,7 +110,14 @@ class QuantileNormal(nn.Module):
 
 
 class StatisticsEnsemble(nn.Module):
-    """Mean of ``members`` perceptrons (dropout, one hidden layer) on quantile-normal features.
+    r"""Perceptrons (dropout, one hidden layer) on quantile-normal features, blended with trees.
+
+    :math:`f(x) = (1 - \beta)\,\mathrm{mean}_k\, \mathrm{MLP}_k(z(x)) + \beta\, T(x)`,
+    with ``members`` perceptrons on the quantile-normal features :math:`z(x)`,
+    ``trees`` boosted regression trees :math:`T` (one
+    :class:`~wsym.metanet.trees.BoostedTrees` per output, on the raw features; none
+    when ``trees=0``) and the blend weight :math:`\beta` (buffer ``blend``, chosen
+    on validation members by :func:`wsym.metanet.fit`).
 
     Example:
         >>> m = StatisticsEnsemble(10, hidden=8, members=3)
@@ -117,9 +126,18 @@ class StatisticsEnsemble(nn.Module):
     """
 
     def __init__(
-        self, features: int, hidden: int = 64, members: int = 5, outputs: int = 1, dropout=0.1
+        self,
+        features: int,
+        hidden: int = 64,
+        members: int = 5,
+        outputs: int = 1,
+        dropout=0.1,
+        trees: int = 0,
+        tree_depth: int = 3,
     ):
         super().__init__()
+        from wsym.metanet.trees import BoostedTrees
+
         self.normal = QuantileNormal(features)
         self.members = nn.ModuleList(
             nn.Sequential(
@@ -131,10 +149,39 @@ class StatisticsEnsemble(nn.Module):
             )
             for _ in range(members)
         )
+        self.trees = nn.ModuleList(
+            BoostedTrees(trees, tree_depth) for _ in range(outputs if trees else 0)
+        )
+        if trees:  # a buffer only with trees: files without them load unchanged
+            self.register_buffer("blend", torch.zeros(()))
 
-    def forward(self, x: Tensor) -> Tensor:  # noqa: D102
-        z = self.normal(x)
+    def perceptrons(self, x: Tensor) -> Tensor:
+        """``(B, outputs)`` mean of the perceptrons (``x`` cast to the branch's dtype)."""
+        z = self.normal(x.to(self.normal.knots.dtype))
         return torch.stack([m(z) for m in self.members]).mean(0)
+
+    def tree_features(self, x: Tensor) -> Tensor:
+        r"""``x`` on the signed log scale :math:`\operatorname{asinh}(x)`, then cast.
+
+        Monotone, so the trees' splits are those on ``x``; computed in float64
+        first, as canonical forms of networks with nearly dead units have
+        statistics beyond the float32 range (up to 1e83 on the mnist1d-cnn zoo).
+        """
+        return torch.asinh(x.double()).to(self.normal.knots.dtype)
+
+    def boosted(self, x: Tensor) -> Tensor:
+        """``(B, outputs)`` the boosted trees (zeros without trees)."""
+        if not len(self.trees):
+            return self.normal.knots.new_zeros(x.shape[0], self.members[0][-1].out_features)
+        z = self.tree_features(x)
+        return torch.cat([t(z) for t in self.trees], dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, outputs)`` from raw statistics ``x (B, F)`` (float64 preferred)."""
+        if not len(self.trees):
+            return self.perceptrons(x)
+        beta = self.blend.to(self.normal.knots.dtype)
+        return (1 - beta) * self.perceptrons(x) + beta * self.boosted(x)
 
 
 def train_vector_model(
