@@ -9,20 +9,62 @@ parity (``block_matrices``), in a fixed order that depends only on the spec.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from wsym.act import transform
 from wsym.spec import Group, Leaf, SymmetrySpec, leaves
 
 
+def derived(spec: SymmetrySpec, key, compute):
+    """``compute()``, memoized on ``spec`` under ``key`` (the spec is immutable).
+
+    The memo lives in the instance's ``__dict__``, outside the dataclass fields,
+    so it changes neither equality, hashing nor serialization.
+    """
+    memo = spec.__dict__.get("_derived")
+    if memo is None:
+        memo = {}
+        object.__setattr__(spec, "_derived", memo)
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
 def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:
     """State-dict keys with an axis in class ``cls`` (parameters only by default)."""
-    skip = set() if with_buffers else set(spec.buffers)
-    return [
-        p
-        for p, dims in spec.layouts
-        if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
-    ]
+
+    def compute():
+        skip = set() if with_buffers else set(spec.buffers)
+        return tuple(
+            p
+            for p, dims in spec.layouts
+            if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
+        )
+
+    return list(derived(spec, ("class_params", cls, with_buffers), compute))
+
+
+def _param_blocks(spec: SymmetrySpec, sd: dict, p: str) -> list[tuple[torch.Tensor, list[Leaf]]]:
+    """Leaf-level blocks of ``sd[p]`` (the tensor itself when no axis is split).
+
+    Split axes are read by gathering with index tensors found once per spec
+    (the blocks that :func:`wsym.act.transform` would visit, in its order).
+    """
+    plan = derived(spec, ("blocks", p), lambda: _block_plan(spec.layout[p]))
+    if plan is None:
+        return [(sd[p], list(spec.layout[p]))]
+    flat = sd[p].reshape(-1)
+    return [(flat[idx], lv) for idx, lv in plan]
+
+
+def _block_plan(trees) -> list | None:
+    """None if no axis is split, else ``[(flat index tensor of the block, leaves)]``."""
+    if all(isinstance(t, Leaf) for t in trees):
+        return None
+    numbers = torch.arange(math.prod(t.size for t in trees)).reshape(tuple(t.size for t in trees))
+    return [(idx.clone(), lv) for idx, lv in _blocks(numbers, trees)]
 
 
 def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
@@ -38,10 +80,9 @@ def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
 
 def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
     """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
-    layout = spec.layout
     cols = []
     for p in class_params(spec, cls, with_buffers):
-        for block, lv in _blocks(sd[p], layout[p]):
+        for block, lv in _param_blocks(spec, sd, p):
             axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
             if axes:
                 cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
@@ -54,10 +95,9 @@ def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torc
     Blocks that hold the class axis twice are left out (their rows are not a
     plain stack of vectors transforming alike).
     """
-    layout = spec.layout
     parts: dict[int, list] = {0: [], 1: []}
     for p in class_params(spec, group.cls):
-        for block, lv in _blocks(sd[p], layout[p]):
+        for block, lv in _param_blocks(spec, sd, p):
             axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
             if len(axes) != 1:
                 continue
@@ -73,10 +113,9 @@ def unit_sums(
 ) -> dict[int, torch.Tensor]:
     """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
     exps = dict(group.exponents)
-    layout = spec.layout
     out: dict[int, torch.Tensor] = {}
     for p in class_params(spec, group.cls):
-        for block, lv in _blocks(sd[p], layout[p]):
+        for block, lv in _param_blocks(spec, sd, p):
             for ax, leaf in enumerate(lv):
                 e = exps.get(leaf.var, 0)
                 if leaf.cls == group.cls and e:
@@ -95,10 +134,9 @@ def odd_rows(
     convention is not fixed yet) are left out; None if no block is left.
     """
     exps = dict(group.exponents)
-    layout = spec.layout
     cols = []
     for p in class_params(spec, group.cls):
-        for block, lv in _blocks(sd[p], layout[p]):
+        for block, lv in _param_blocks(spec, sd, p):
             if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
                 continue
             for ax, leaf in enumerate(lv):
@@ -113,12 +151,18 @@ def block_classes(spec: SymmetrySpec, group: Group, itself: bool = False) -> set
     With ``itself``, the class itself is included when a block holds its axis
     twice (a permutation of the class then changes its own unit rows).
     """
-    out = set()
-    for p in class_params(spec, group.cls):
-        for _, lv in _blocks(torch.zeros(tuple(t.size for t in spec.layout[p])), spec.layout[p]):
-            mine = sum(leaf.cls == group.cls for leaf in lv)
-            if mine:
-                out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
-            if itself and mine > 1:
-                out.add(group.cls)
-    return out
+
+    def compute():
+        out = set()
+        for p in class_params(spec, group.cls):
+            for _, lv in _param_blocks(
+                spec, {p: torch.zeros(tuple(t.size for t in spec.layout[p]))}, p
+            ):
+                mine = sum(leaf.cls == group.cls for leaf in lv)
+                if mine:
+                    out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
+                if itself and mine > 1:
+                    out.add(group.cls)
+        return frozenset(out)
+
+    return set(derived(spec, ("block_classes", group, itself), compute))
