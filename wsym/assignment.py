@@ -47,12 +47,15 @@ def dominant_assignment(score: torch.Tensor) -> torch.Tensor | None:
         return None
     if n == 1:
         return torch.zeros(1, dtype=torch.long)
-    margin = MARGIN * float(score.abs().max())
+    margin = None
     for dim in (1, 0):
-        top = score.topk(2, dim=dim)
-        first, second = top.values.select(dim, 0), top.values.select(dim, 1)
-        best = top.indices.select(dim, 0)
-        if bool((first - second > margin).all()) and torch.unique(best).numel() == n:
+        first, best = score.max(dim=dim)
+        if int(torch.bincount(best, minlength=n).max()) > 1:
+            continue  # two rows (columns) want the same column (row): no certificate
+        second = score.scatter(dim, best.unsqueeze(dim), -torch.inf).amax(dim)
+        if margin is None:
+            margin = MARGIN * float(score.abs().max())
+        if bool((first - second > margin).all()):
             if dim == 1:
                 return best
             perm = torch.empty(n, dtype=torch.long)

@@ -96,7 +96,7 @@ def pairing_score(spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, cur_uni
     """
     (ref_full, ref_odds, ref_blocks), (cur_full, cur_odds, cur_blocks) = ref_units, cur_units
     plain = ref_full @ cur_full.T
-    score = plain.clone()
+    score = plain.clone() if any(o is not None for o in ref_odds) or any(ref_blocks) else plain
     odds = []
     for r, c in zip(ref_odds, cur_odds, strict=True):
         odd = None if r is None else r @ c.T

@@ -14,7 +14,7 @@ import math
 import torch
 
 from wsym.act import transform
-from wsym.spec import Group, Leaf, SymmetrySpec, leaves
+from wsym.spec import Group, Leaf, Split, SymmetrySpec, leaves
 
 
 def derived(spec: SymmetrySpec, key, compute):
@@ -53,18 +53,27 @@ def _param_blocks(spec: SymmetrySpec, sd: dict, p: str) -> list[tuple[torch.Tens
     (the blocks that :func:`wsym.act.transform` would visit, in its order).
     """
     plan = derived(spec, ("blocks", p), lambda: _block_plan(spec.layout[p]))
-    if plan is None:
-        return [(sd[p], list(spec.layout[p]))]
+    if isinstance(plan, tuple):  # products only: one view
+        shape, lv = plan
+        return [(sd[p].reshape(shape), list(lv))]
     flat = sd[p].reshape(-1)
     return [(flat[idx], lv) for idx, lv in plan]
 
 
-def _block_plan(trees) -> list | None:
-    """None if no axis is split, else ``[(flat index tensor of the block, leaves)]``."""
-    if all(isinstance(t, Leaf) for t in trees):
-        return None
+def _block_plan(trees) -> tuple | list:
+    """``(shape, leaves)`` without concatenated axes, else ``[(flat block indices, leaves)]``."""
+    if not any(isinstance(t, Split) and t.mode == "cat" for tree in trees for t in _nodes(tree)):
+        lv = [leaf for tree in trees for leaf in leaves(tree)]
+        return tuple(leaf.size for leaf in lv), lv
     numbers = torch.arange(math.prod(t.size for t in trees)).reshape(tuple(t.size for t in trees))
     return [(idx.clone(), lv) for idx, lv in _blocks(numbers, trees)]
+
+
+def _nodes(tree) -> list:
+    """A layout tree's nodes, the tree first."""
+    return [tree] + (
+        [n for c in tree.children for n in _nodes(c)] if isinstance(tree, Split) else []
+    )
 
 
 def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
