@@ -9,27 +9,10 @@ parity (``block_matrices``), in a fixed order that depends only on the spec.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from wsym.act import transform
-from wsym.spec import Group, Leaf, Split, SymmetrySpec, leaves
-
-
-def derived(spec: SymmetrySpec, key, compute):
-    """``compute()``, memoized on ``spec`` under ``key`` (the spec is immutable).
-
-    The memo lives in the instance's ``__dict__``, outside the dataclass fields,
-    so it changes neither equality, hashing nor serialization.
-    """
-    memo = spec.__dict__.get("_derived")
-    if memo is None:
-        memo = {}
-        object.__setattr__(spec, "_derived", memo)
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]
+from wsym.act import block_plan, derived, transform
+from wsym.spec import Group, Leaf, SymmetrySpec, leaves
 
 
 def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:
@@ -52,28 +35,12 @@ def _param_blocks(spec: SymmetrySpec, sd: dict, p: str) -> list[tuple[torch.Tens
     Split axes are read by gathering with index tensors found once per spec
     (the blocks that :func:`wsym.act.transform` would visit, in its order).
     """
-    plan = derived(spec, ("blocks", p), lambda: _block_plan(spec.layout[p]))
+    plan = block_plan(spec, p)
     if isinstance(plan, tuple):  # products only: one view
         shape, lv = plan
         return [(sd[p].reshape(shape), list(lv))]
     flat = sd[p].reshape(-1)
     return [(flat[idx], lv) for idx, lv in plan]
-
-
-def _block_plan(trees) -> tuple | list:
-    """``(shape, leaves)`` without concatenated axes, else ``[(flat block indices, leaves)]``."""
-    if not any(isinstance(t, Split) and t.mode == "cat" for tree in trees for t in _nodes(tree)):
-        lv = [leaf for tree in trees for leaf in leaves(tree)]
-        return tuple(leaf.size for leaf in lv), lv
-    numbers = torch.arange(math.prod(t.size for t in trees)).reshape(tuple(t.size for t in trees))
-    return [(idx.clone(), lv) for idx, lv in _blocks(numbers, trees)]
-
-
-def _nodes(tree) -> list:
-    """A layout tree's nodes, the tree first."""
-    return [tree] + (
-        [n for c in tree.children for n in _nodes(c)] if isinstance(tree, Split) else []
-    )
 
 
 def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
