@@ -43,6 +43,28 @@ def _param_blocks(spec: SymmetrySpec, sd: dict, p: str) -> list[tuple[torch.Tens
     return [(flat[idx], lv) for idx, lv in plan]
 
 
+def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
+    """The blocks of :func:`_param_blocks` that hold an axis of class ``cls`` (only those read)."""
+
+    def where():
+        out = []
+        for p in class_params(spec, cls, with_buffers):
+            plan = block_plan(spec, p)
+            lvs = [plan[1]] if isinstance(plan, tuple) else [lv for _, lv in plan]
+            out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
+        return tuple(out)
+
+    blocks = []
+    for p, b in derived(spec, ("class_blocks", cls, with_buffers), where):
+        plan = block_plan(spec, p)
+        if isinstance(plan, tuple):
+            blocks.append((sd[p].reshape(plan[0]), list(plan[1])))
+        else:
+            idx, lv = plan[b]
+            blocks.append((sd[p].reshape(-1)[idx], lv))
+    return blocks
+
+
 def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
     out = []
 
@@ -57,11 +79,9 @@ def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
 def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
     """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
     cols = []
-    for p in class_params(spec, cls, with_buffers):
-        for block, lv in _param_blocks(spec, sd, p):
-            axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
-            if axes:
-                cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
+    for block, lv in _class_blocks(spec, sd, cls, with_buffers):
+        axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
+        cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
     return torch.cat(cols, dim=1)
 
 
@@ -72,15 +92,14 @@ def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torc
     plain stack of vectors transforming alike).
     """
     parts: dict[int, list] = {0: [], 1: []}
-    for p in class_params(spec, group.cls):
-        for block, lv in _param_blocks(spec, sd, p):
-            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
-            if len(axes) != 1:
-                continue
-            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
-            moved = block.movedim([*idx, axes[0]], [*range(len(idx)), block.ndim - 1])
-            lead = moved.shape[: len(idx)]
-            parts[lv[axes[0]].parity].append(moved.reshape(*lead, -1, group.size))
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+        if len(axes) != 1:
+            continue
+        idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
+        moved = block.movedim([*idx, axes[0]], [*range(len(idx)), block.ndim - 1])
+        lead = moved.shape[: len(idx)]
+        parts[lv[axes[0]].parity].append(moved.reshape(*lead, -1, group.size))
     return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
 
 
@@ -90,14 +109,13 @@ def unit_sums(
     """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
     exps = dict(group.exponents)
     out: dict[int, torch.Tensor] = {}
-    for p in class_params(spec, group.cls):
-        for block, lv in _param_blocks(spec, sd, p):
-            for ax, leaf in enumerate(lv):
-                e = exps.get(leaf.var, 0)
-                if leaf.cls == group.cls and e:
-                    rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-                    rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
-                    out[e] = out.get(e, 0) + rows
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        for ax, leaf in enumerate(lv):
+            e = exps.get(leaf.var, 0)
+            if leaf.cls == group.cls and e:
+                rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
+                rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
+                out[e] = out.get(e, 0) + rows
     return out
 
 
@@ -111,13 +129,12 @@ def odd_rows(
     """
     exps = dict(group.exponents)
     cols = []
-    for p in class_params(spec, group.cls):
-        for block, lv in _param_blocks(spec, sd, p):
-            if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
-                continue
-            for ax, leaf in enumerate(lv):
-                if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
-                    cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
+            continue
+        for ax, leaf in enumerate(lv):
+            if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
+                cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
     return torch.cat(cols, dim=1) if cols else None
 
 
