@@ -6,12 +6,14 @@ Run from the repository root (``rebasin`` must be installed)::
         [--cache DIR] [--save PATH] [--compare PATH] [--profile NAME]
 
 The pairs are those of ``benchmarks/alignment.py`` (same models, data, seeds
-and training), trained once and cached as safetensors-free ``torch.save``
-state dicts under ``--cache`` (default ``.cache/align_speed``). Per pair it
-prints the least wall and CPU seconds over the repeats (one torch thread) of ``wsym.align``
-(weights, spec given) and of rebasin's whole use on the two models (tracing
-and coordinate descent), their ratios, the machine's load average, and the
-loss barrier (train split, 11 points) of both aligned models.
+and training), trained once and cached as ``torch.save`` state dicts (read
+back with ``weights_only=True``) under ``--cache`` (default
+``.cache/align_speed``). Per pair it prints the least wall and CPU seconds over
+the repeats (one torch thread) of ``wsym.align`` (weights, spec given) and of
+rebasin's whole use on the two models (tracing and coordinate descent), their
+ratios, the machine's load average, and the loss barrier (train split, 11
+points) of both aligned models. On a shared machine CPU seconds are the
+steadier clock; least-of-repeats discounts the other processes.
 
 ``--save PATH`` stores wsym's aligned state dicts; ``--compare PATH`` reports
 the largest difference to a stored run (to check that a faster code path gives

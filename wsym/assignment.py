@@ -15,7 +15,19 @@ one pass over the matrix:
 In coordinate descent most classes, once nearly aligned, pass this test
 (the identity), so scipy is called only where there is something to solve.
 The margin is relative (``MARGIN`` times the largest magnitude of the matrix),
-so that rounding cannot make scipy's answer differ from the shortcut's.
+so that rounding cannot make scipy's answer differ from the shortcut's. The
+argmaxes are checked for collisions first (one ``max`` pass), so that a matrix
+without a certificate costs little.
+
+Otherwise scipy solves the *reduced* matrix (row maxima, then column maxima
+subtracted): the same maximizers, found with shorter augmenting paths.
+
+Tried and left out, on the pairing scores of trained 512-wide MLPs: a
+Bellman-Ford certificate of the current assignment (no negative cycle in the
+reassignment graph) needs about 20 passes even when the identity is optimal,
+as slow as scipy; top-k sparse candidates miss the optimum, whose column ranks
+up to 240th of 512 in its row; the ``lap`` package (LAPJV) is 2-3x slower than
+scipy there.
 """
 
 from __future__ import annotations
