@@ -214,3 +214,25 @@ def test_weight_matching_with_score_updates_equals_full_products(seed, monkeypat
     moved_u = act(spec, GroupElement(tuple(updated)), b)
     moved_p = act(spec, GroupElement(tuple(plain)), b)
     assert all(torch.equal(moved_u[k], moved_p[k]) for k in b)
+
+
+@pytest.mark.parametrize("name", ["mlp-relu", "residual-cnn", "tiny-transformer", "gqa", "bert"])
+def test_folded_canonicalizing_element_still_maps_onto_the_canonical_form(detected, name):
+    """Components folded across sweeps: ``act(g, sd)`` is the canonical form, ``g^-1`` undoes it."""
+    _, _, spec = detected(name)
+    sd = double(spec.act(spec.sample(seed=7), _state(detected, name)))
+    canon, g = canonical_element(sd, spec, kinds=NO_PERMUTATION)
+    groups = [i for i, _ in g.components]
+    continuous = [i for i in groups if spec.groups[i].kind in ("scaling", "gl", "norm_scaling")]
+    # sweeps folded in: at most a second component (a GL column-sign convention, or past a
+    # translation of the same bias)
+    assert len(continuous) <= 2 * len(set(continuous))
+    moved, back = act(spec, g, sd), act(spec, g.inverse(), canon)
+    for k in sd:
+        if sd[k].is_floating_point():
+            torch.testing.assert_close(moved[k], canon[k], rtol=1e-9, atol=1e-12 * _size(canon))
+            torch.testing.assert_close(back[k], sd[k], rtol=1e-9, atol=1e-12 * _size(sd))
+
+
+def _size(sd) -> float:
+    return max(float(v.abs().max()) for v in sd.values() if v.is_floating_point() and v.numel())
