@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from wsym.act import GroupElement, act
+from wsym.act import GroupElement, act, derived
 from wsym.spec import SymmetrySpec
 from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix, unit_sums
 
@@ -121,7 +121,7 @@ def _record(spec: SymmetrySpec, comps: list, i: int, value) -> None:
             if k == i:  # x -> x M_old -> x M_old M_new on the class axis; scales multiply
                 comps[j] = (i, old @ value if kind in ("gl", "orthogonal") else old * value)
                 return
-            if not _commute(spec, i, k):
+            if not derived(spec, ("commute", i, k), lambda k=k: _commute(spec, i, k)):
                 break
     comps.append((i, value))
 
