@@ -143,6 +143,67 @@ def transform(t: torch.Tensor, trees: list, fn) -> torch.Tensor:
     return fn(t, trees)
 
 
+def derived(spec: SymmetrySpec, key, compute):
+    """``compute()``, memoized on ``spec`` under ``key`` (the spec is immutable).
+
+    The memo lives in the instance's ``__dict__``, outside the dataclass fields,
+    so it changes neither equality, hashing nor serialization.
+    """
+    memo = spec.__dict__.get("_derived")
+    if memo is None:
+        memo = {}
+        object.__setattr__(spec, "_derived", memo)
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
+def block_plan(spec: SymmetrySpec, key: str) -> tuple | list:
+    """How to reach the leaf-level blocks of ``key`` (those :func:`transform` visits), memoized.
+
+    ``(shape, leaves)`` when no axis is a concatenation (one view), else
+    ``[(flat index tensor of the block, leaves)]`` in :func:`transform`'s order.
+    """
+    return derived(spec, ("blocks", key), lambda: _plan(spec.layout[key]))
+
+
+def _plan(trees) -> tuple | list:
+    """``(shape, leaves)`` without concatenated axes, else ``[(flat block indices, leaves)]``."""
+    if not any(isinstance(t, Split) and t.mode == "cat" for tree in trees for t in _nodes(tree)):
+        lv = [leaf for tree in trees for leaf in leaves(tree)]
+        return tuple(leaf.size for leaf in lv), lv
+    numbers = torch.arange(math.prod(t.size for t in trees)).reshape(tuple(t.size for t in trees))
+    return [(idx.clone(), lv) for idx, lv in _grab_blocks(numbers, trees)]
+
+
+def _nodes(tree) -> list:
+    """A layout tree's nodes, the tree first."""
+    return [tree] + (
+        [n for c in tree.children for n in _nodes(c)] if isinstance(tree, Split) else []
+    )
+
+
+def _grab_blocks(t: torch.Tensor, trees) -> list:
+    out = []
+    transform(t, list(trees), lambda block, lv: out.append((block, list(lv))) or block)
+    return out
+
+
+def map_blocks(spec: SymmetrySpec, key: str, t: torch.Tensor, fn) -> torch.Tensor:
+    """:func:`transform` of ``t = state_dict[key]`` along the spec's layout, from its plan."""
+    plan = block_plan(spec, key)
+    if isinstance(plan, tuple):
+        shape, lv = plan
+        return fn(t.reshape(shape), list(lv)).reshape(t.shape)
+    flat, out = t.reshape(-1), None
+    for idx, lv in plan:
+        block = fn(flat[idx], lv)
+        if out is None:
+            out = torch.empty(flat.shape, dtype=block.dtype)
+        out[idx.reshape(-1)] = block.reshape(-1)
+    return out.reshape(t.shape)
+
+
 def _along(vec: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
     shape = [1] * ndim
     shape[axis] = -1
@@ -243,9 +304,9 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
         factors = _bn_factors(group, value, inverted, out, layout)
         fn = _component_fn(group, value, inverted)
         for key in group.params:
-            out[key] = transform(out[key], list(layout[key]), fn)
+            out[key] = map_blocks(spec, key, out[key], fn)
         for key, f in factors.items():
-            out[key] = transform(out[key], list(layout[key]), f)
+            out[key] = map_blocks(spec, key, out[key], f)
     for alias, key in spec.aliases:
         out[alias] = out[key]
     return out

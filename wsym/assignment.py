@@ -15,7 +15,19 @@ one pass over the matrix:
 In coordinate descent most classes, once nearly aligned, pass this test
 (the identity), so scipy is called only where there is something to solve.
 The margin is relative (``MARGIN`` times the largest magnitude of the matrix),
-so that rounding cannot make scipy's answer differ from the shortcut's.
+so that rounding cannot make scipy's answer differ from the shortcut's. The
+argmaxes are checked for collisions first (one ``max`` pass), so that a matrix
+without a certificate costs little.
+
+Otherwise scipy solves the *reduced* matrix (row maxima, then column maxima
+subtracted): the same maximizers, found with shorter augmenting paths.
+
+Tried and left out, on the pairing scores of trained 512-wide MLPs: a
+Bellman-Ford certificate of the current assignment (no negative cycle in the
+reassignment graph) needs about 20 passes even when the identity is optimal,
+as slow as scipy; top-k sparse candidates miss the optimum, whose column ranks
+up to 240th of 512 in its row; the ``lap`` package (LAPJV) is 2-3x slower than
+scipy there.
 """
 
 from __future__ import annotations
@@ -47,12 +59,15 @@ def dominant_assignment(score: torch.Tensor) -> torch.Tensor | None:
         return None
     if n == 1:
         return torch.zeros(1, dtype=torch.long)
-    margin = MARGIN * float(score.abs().max())
+    margin = None
     for dim in (1, 0):
-        top = score.topk(2, dim=dim)
-        first, second = top.values.select(dim, 0), top.values.select(dim, 1)
-        best = top.indices.select(dim, 0)
-        if bool((first - second > margin).all()) and torch.unique(best).numel() == n:
+        first, best = score.max(dim=dim)
+        if int(torch.bincount(best, minlength=n).max()) > 1:
+            continue  # two rows (columns) want the same column (row): no certificate
+        second = score.scatter(dim, best.unsqueeze(dim), -torch.inf).amax(dim)
+        if margin is None:
+            margin = MARGIN * float(score.abs().max())
+        if bool((first - second > margin).all()):
             if dim == 1:
                 return best
             perm = torch.empty(n, dtype=torch.long)
@@ -71,5 +86,21 @@ def assignment(score: torch.Tensor) -> torch.Tensor:
     fast = dominant_assignment(score)
     if fast is not None:
         return fast
-    _, col = linear_sum_assignment(score.detach().cpu().numpy(), maximize=True)
+    _, col = linear_sum_assignment(reduced(score).detach().cpu().numpy(), maximize=True)
     return torch.as_tensor(col)
+
+
+def reduced(score: torch.Tensor) -> torch.Tensor:
+    """``score`` less its row maxima, then less its column maxima (Hungarian reduction).
+
+    Every assignment loses the same constant, so the maximizers are those of
+    ``score``; scipy's shortest augmenting paths are shorter on the reduced
+    matrix (about 25% less time on trained 512-wide MLPs' pairing scores).
+
+    Example:
+        >>> reduced(torch.tensor([[1.0, 3.0], [2.0, 0.0]]))
+        tensor([[-2.,  0.],
+                [ 0., -2.]])
+    """
+    rows = score - score.amax(1, keepdim=True)
+    return rows - rows.amax(0, keepdim=True)

@@ -24,11 +24,16 @@ import warnings
 
 import torch
 
-from wsym.act import GroupElement, act
+from wsym.act import GroupElement, act, derived
 from wsym.spec import SymmetrySpec
 from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix, unit_sums
 
 CONTINUOUS = ("norm_scaling", "scaling", "gl", "orthogonal", "translation")
+# Balancing sweeps over-relax scaling steps (s**omega instead of s; successive
+# over-relaxation): the fixed point is the same, and coupled layers converge in about 2/3
+# of the sweeps (trained pairs of benchmarks/alignment.py: MLP 13 instead of 21, BatchNorm
+# CNN 21 instead of 37, tiny transformer 13 instead of 20).
+OVER_RELAXATION = {"scaling": 1.1, "norm_scaling": 1.2}
 
 
 def canonicalize(state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float = 1e-12) -> dict:
@@ -65,7 +70,7 @@ def canonical_element(
     def apply(i, value):
         nonlocal work
         work = act(spec, GroupElement(((i, value),)), work)
-        comps.append((i, value))
+        _record(spec, comps, i, value)
 
     order = [
         i
@@ -79,7 +84,8 @@ def canonical_element(
         for i in order:
             value, size = _continuous(spec, work, i)
             if size > 0:
-                apply(i, value)
+                omega = OVER_RELAXATION.get(spec.groups[i].kind, 1.0)
+                apply(i, value.pow(omega) if omega != 1.0 else value)
             moved = max(moved, size)
         if moved < tol:
             break
@@ -92,6 +98,57 @@ def canonical_element(
                 if (perm != torch.arange(len(perm))).any():
                     apply(i, perm)
     return work, GroupElement(tuple(comps))
+
+
+DIAGONAL = ("scaling", "norm_scaling", "sign")
+LINEAR = (*DIAGONAL, "gl", "orthogonal")
+
+
+def _record(spec: SymmetrySpec, comps: list, i: int, value) -> None:
+    """Append ``(i, value)``, or fold it into group ``i``'s last component.
+
+    Balancing sweeps apply each continuous group once per sweep; where every
+    component since the group's last one commutes with it, the two are one
+    component (``s_old * s_new`` for scalings, ``M_old @ M_new`` for GL and
+    orthogonal blocks). The element stays the same (up to round-off) and is
+    shorter to apply and to invert: one component per group instead of one
+    per sweep.
+    """
+    kind = spec.groups[i].kind
+    if kind in ("scaling", "norm_scaling", "gl", "orthogonal"):
+        for j in range(len(comps) - 1, -1, -1):
+            k, old = comps[j]
+            if k == i:  # x -> x M_old -> x M_old M_new on the class axis; scales multiply
+                comps[j] = (i, old @ value if kind in ("gl", "orthogonal") else old * value)
+                return
+            if not derived(spec, ("commute", i, k), lambda k=k: _commute(spec, i, k)):
+                break
+    comps.append((i, value))
+
+
+def _commute(spec: SymmetrySpec, i: int, k: int) -> bool:
+    """Whether components of groups ``i`` and ``k`` commute whatever their values.
+
+    Groups on disjoint tensors do; so do linear actions on different axes of a
+    tensor, and diagonal ones on any axes, unless one writes what the other's
+    BatchNorm correction reads (the running variance).
+    """
+    a, b = spec.groups[i], spec.groups[k]
+    writes_a, writes_b = _writes(a), _writes(b)
+    reads_a = {rv for _, rv, _, _ in a.corrections}
+    reads_b = {rv for _, rv, _, _ in b.corrections}
+    if reads_a & writes_b or reads_b & writes_a:
+        return False
+    if not writes_a & writes_b:
+        return True
+    if a.kind in DIAGONAL and b.kind in DIAGONAL:
+        return True
+    return a.kind in LINEAR and b.kind in LINEAR and a.cls != b.cls
+
+
+def _writes(g) -> set:
+    keys = set(g.params) | {w for w, _, _, _ in g.corrections}
+    return keys | ({g.target[0]} if g.kind == "translation" else set())
 
 
 def _warn_degenerate(spec: SymmetrySpec, sd: dict, order) -> None:
@@ -194,6 +251,8 @@ def _balance(sums: dict[int, torch.Tensor], normalize: bool) -> torch.Tensor:
         u = torch.where(
             ok, 0.25 * (sums[-1].clamp_min(1e-300).log() - sums[1].clamp_min(1e-300).log()), u
         )
+        if exps == [-1, 1] and bool(ok.all()):  # A s^-2 + B s^2: the closed form is exact
+            return u.exp()
     for _ in range(100):
         terms = [(e, sums[e] * torch.exp(2 * e * u)) for e in exps]
         grad = sum(2 * e * t for e, t in terms)

@@ -11,18 +11,58 @@ from __future__ import annotations
 
 import torch
 
-from wsym.act import transform
+from wsym.act import block_plan, derived, transform
 from wsym.spec import Group, Leaf, SymmetrySpec, leaves
 
 
 def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:
     """State-dict keys with an axis in class ``cls`` (parameters only by default)."""
-    skip = set() if with_buffers else set(spec.buffers)
-    return [
-        p
-        for p, dims in spec.layouts
-        if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
-    ]
+
+    def compute():
+        skip = set() if with_buffers else set(spec.buffers)
+        return tuple(
+            p
+            for p, dims in spec.layouts
+            if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
+        )
+
+    return list(derived(spec, ("class_params", cls, with_buffers), compute))
+
+
+def _param_blocks(spec: SymmetrySpec, sd: dict, p: str) -> list[tuple[torch.Tensor, list[Leaf]]]:
+    """Leaf-level blocks of ``sd[p]`` (the tensor itself when no axis is split).
+
+    Split axes are read by gathering with index tensors found once per spec
+    (the blocks that :func:`wsym.act.transform` would visit, in its order).
+    """
+    plan = block_plan(spec, p)
+    if isinstance(plan, tuple):  # products only: one view
+        shape, lv = plan
+        return [(sd[p].reshape(shape), list(lv))]
+    flat = sd[p].reshape(-1)
+    return [(flat[idx], lv) for idx, lv in plan]
+
+
+def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
+    """The blocks of :func:`_param_blocks` that hold an axis of class ``cls`` (only those read)."""
+
+    def where():
+        out = []
+        for p in class_params(spec, cls, with_buffers):
+            plan = block_plan(spec, p)
+            lvs = [plan[1]] if isinstance(plan, tuple) else [lv for _, lv in plan]
+            out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
+        return tuple(out)
+
+    blocks = []
+    for p, b in derived(spec, ("class_blocks", cls, with_buffers), where):
+        plan = block_plan(spec, p)
+        if isinstance(plan, tuple):
+            blocks.append((sd[p].reshape(plan[0]), list(plan[1])))
+        else:
+            idx, lv = plan[b]
+            blocks.append((sd[p].reshape(-1)[idx], lv))
+    return blocks
 
 
 def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
@@ -38,13 +78,10 @@ def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
 
 def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
     """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
-    layout = spec.layout
     cols = []
-    for p in class_params(spec, cls, with_buffers):
-        for block, lv in _blocks(sd[p], layout[p]):
-            axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
-            if axes:
-                cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
+    for block, lv in _class_blocks(spec, sd, cls, with_buffers):
+        axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
+        cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
     return torch.cat(cols, dim=1)
 
 
@@ -54,17 +91,15 @@ def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torc
     Blocks that hold the class axis twice are left out (their rows are not a
     plain stack of vectors transforming alike).
     """
-    layout = spec.layout
     parts: dict[int, list] = {0: [], 1: []}
-    for p in class_params(spec, group.cls):
-        for block, lv in _blocks(sd[p], layout[p]):
-            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
-            if len(axes) != 1:
-                continue
-            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
-            moved = block.movedim([*idx, axes[0]], [*range(len(idx)), block.ndim - 1])
-            lead = moved.shape[: len(idx)]
-            parts[lv[axes[0]].parity].append(moved.reshape(*lead, -1, group.size))
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+        if len(axes) != 1:
+            continue
+        idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
+        moved = block.movedim([*idx, axes[0]], [*range(len(idx)), block.ndim - 1])
+        lead = moved.shape[: len(idx)]
+        parts[lv[axes[0]].parity].append(moved.reshape(*lead, -1, group.size))
     return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
 
 
@@ -73,16 +108,14 @@ def unit_sums(
 ) -> dict[int, torch.Tensor]:
     """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
     exps = dict(group.exponents)
-    layout = spec.layout
     out: dict[int, torch.Tensor] = {}
-    for p in class_params(spec, group.cls):
-        for block, lv in _blocks(sd[p], layout[p]):
-            for ax, leaf in enumerate(lv):
-                e = exps.get(leaf.var, 0)
-                if leaf.cls == group.cls and e:
-                    rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-                    rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
-                    out[e] = out.get(e, 0) + rows
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        for ax, leaf in enumerate(lv):
+            e = exps.get(leaf.var, 0)
+            if leaf.cls == group.cls and e:
+                rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
+                rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
+                out[e] = out.get(e, 0) + rows
     return out
 
 
@@ -95,15 +128,13 @@ def odd_rows(
     convention is not fixed yet) are left out; None if no block is left.
     """
     exps = dict(group.exponents)
-    layout = spec.layout
     cols = []
-    for p in class_params(spec, group.cls):
-        for block, lv in _blocks(sd[p], layout[p]):
-            if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
-                continue
-            for ax, leaf in enumerate(lv):
-                if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
-                    cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
+            continue
+        for ax, leaf in enumerate(lv):
+            if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
+                cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
     return torch.cat(cols, dim=1) if cols else None
 
 
@@ -113,12 +144,18 @@ def block_classes(spec: SymmetrySpec, group: Group, itself: bool = False) -> set
     With ``itself``, the class itself is included when a block holds its axis
     twice (a permutation of the class then changes its own unit rows).
     """
-    out = set()
-    for p in class_params(spec, group.cls):
-        for _, lv in _blocks(torch.zeros(tuple(t.size for t in spec.layout[p])), spec.layout[p]):
-            mine = sum(leaf.cls == group.cls for leaf in lv)
-            if mine:
-                out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
-            if itself and mine > 1:
-                out.add(group.cls)
-    return out
+
+    def compute():
+        out = set()
+        for p in class_params(spec, group.cls):
+            for _, lv in _param_blocks(
+                spec, {p: torch.zeros(tuple(t.size for t in spec.layout[p]))}, p
+            ):
+                mine = sum(leaf.cls == group.cls for leaf in lv)
+                if mine:
+                    out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
+                if itself and mine > 1:
+                    out.add(group.cls)
+        return frozenset(out)
+
+    return set(derived(spec, ("block_classes", group, itself), compute))
