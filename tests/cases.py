@@ -332,3 +332,16 @@ CASES = [
 ]
 
 BY_NAME = {c.name: c for c in CASES}
+
+
+def scaled_mlp_population(n: int, seed: int = 0) -> tuple[list[dict], torch.Tensor]:
+    """``n`` random ``MLP(4, [6], 3)`` state dicts, each scaled by a target in [0.3, 3]."""
+    gen = torch.Generator().manual_seed(seed)
+    sds, ys = [], []
+    for _ in range(n):
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+        m = MLP(4, [6], 3)
+        scale = float(torch.empty(1).uniform_(0.3, 3.0, generator=gen))
+        sds.append({k: v * scale for k, v in m.state_dict().items()})
+        ys.append(scale)
+    return sds, torch.tensor(ys)

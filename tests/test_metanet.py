@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import scaled_mlp_population
 
 pytest.importorskip("torch_geometric")
 
@@ -136,17 +137,7 @@ def test_testing_helpers_catch_failures(detected):
 
 
 def _population(n=36, seed=0):
-    """Random MLPs at varied scales; the target is the scale (a function of the orbit)."""
-    gen = torch.Generator().manual_seed(seed)
-    sds, ys = [], []
-    for _ in range(n):
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-        m = MLP(4, [6], 3)
-        scale = float(torch.empty(1).uniform_(0.3, 3.0, generator=gen))
-        sd = {k: v * scale for k, v in m.state_dict().items()}
-        ys.append(scale)
-        sds.append(sd)
-    return sds, torch.tensor(ys)
+    return scaled_mlp_population(n, seed)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import scaled_mlp_population
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("sklearn")
@@ -38,14 +39,7 @@ def test_trees_equal_scikit_learn_in_float64():
 
 
 def _population(n=40, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    sds, ys = [], []
-    for _ in range(n):
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-        scale = float(torch.empty(1).uniform_(0.3, 3.0, generator=gen))
-        sds.append({k: v * scale for k, v in MLP(4, [6], 3).state_dict().items()})
-        ys.append(scale)
-    return sds, torch.tensor(ys)
+    return scaled_mlp_population(n, seed)
 
 
 @pytest.fixture(scope="module")
