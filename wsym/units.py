@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from wsym.act import block_plan, derived, transform
+from wsym.act import block_plan, derived
 from wsym.spec import Group, Leaf, SymmetrySpec, leaves
 
 
@@ -29,28 +29,22 @@ def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> li
     return list(derived(spec, ("class_params", cls, with_buffers), compute))
 
 
-def _param_blocks(spec: SymmetrySpec, sd: dict, p: str) -> list[tuple[torch.Tensor, list[Leaf]]]:
-    """Leaf-level blocks of ``sd[p]`` (the tensor itself when no axis is split).
-
-    Split axes are read by gathering with index tensors found once per spec
-    (the blocks that :func:`wsym.act.transform` would visit, in its order).
-    """
-    plan = block_plan(spec, p)
-    if isinstance(plan, tuple):  # products only: one view
-        shape, lv = plan
-        return [(sd[p].reshape(shape), list(lv))]
-    flat = sd[p].reshape(-1)
-    return [(flat[idx], lv) for idx, lv in plan]
+def _plan_leaves(plan) -> list[list[Leaf]]:
+    """The leaves of each block of a :func:`wsym.act.block_plan`, in its order."""
+    return [list(plan[1])] if isinstance(plan, tuple) else [list(lv) for _, lv in plan]
 
 
 def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
-    """The blocks of :func:`_param_blocks` that hold an axis of class ``cls`` (only those read)."""
+    """Leaf-level blocks ``(block, leaves)`` holding an axis of class ``cls`` (only those read).
+
+    Which blocks those are is found once per spec; a block is then one view of its
+    tensor (no axis concatenated) or one gather by the plan's indices.
+    """
 
     def where():
         out = []
         for p in class_params(spec, cls, with_buffers):
-            plan = block_plan(spec, p)
-            lvs = [plan[1]] if isinstance(plan, tuple) else [lv for _, lv in plan]
+            lvs = _plan_leaves(block_plan(spec, p))
             out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
         return tuple(out)
 
@@ -63,17 +57,6 @@ def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = F
             idx, lv = plan[b]
             blocks.append((sd[p].reshape(-1)[idx], lv))
     return blocks
-
-
-def _blocks(t: torch.Tensor, trees) -> list[tuple[torch.Tensor, list[Leaf]]]:
-    out = []
-
-    def grab(block, lv):
-        out.append((block, list(lv)))
-        return block
-
-    transform(t, list(trees), grab)
-    return out
 
 
 def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
@@ -148,9 +131,7 @@ def block_classes(spec: SymmetrySpec, group: Group, itself: bool = False) -> set
     def compute():
         out = set()
         for p in class_params(spec, group.cls):
-            for _, lv in _param_blocks(
-                spec, {p: torch.zeros(tuple(t.size for t in spec.layout[p]))}, p
-            ):
+            for lv in _plan_leaves(block_plan(spec, p)):
                 mine = sum(leaf.cls == group.cls for leaf in lv)
                 if mine:
                     out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
