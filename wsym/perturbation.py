@@ -196,7 +196,7 @@ class Geodesic(Adaptive):
         self.quotient, self.metric = quotient, metric
         self.blocks = quotient.stacks  # equal-shape blocks stacked: one solve per stack
         touched = [params[n].reshape(-1) for n in quotient.touched]
-        self._touched = torch.cat(touched) if touched else None  # base of the block moves
+        self._touched_flat = torch.cat(touched) if touched else None  # base of the block moves
 
     def coordinates(self):
         """Parameters not inside the blocks entirely, then the GL blocks' G and H."""
@@ -235,7 +235,7 @@ class Geodesic(Adaptive):
     def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
         out = dict(self.params)
         if moves:
-            flat = self._touched + self.quotient.scatter_flat(moves)
+            flat = self._touched_flat + self.quotient.scatter_flat(moves)
             out.update(self.quotient.split_touched(flat))
         for n, x, k in zip(self.slots, xi, self._partial, strict=False):
             out[n] = out[n] + x if k is None else torch.addcmul(out[n], x, k)

@@ -42,16 +42,18 @@ class Metanet:
     def __init__(self, spec: SymmetrySpec, cache: dict | None = None, **options):
         self.spec, self.options, self.predictor = spec, options, None
         self.cache = {} if cache is None else cache
+        self._reader = None  # reads invariant graphs (they depend on the spec only)
 
     def _graphs(self, sds) -> list:
-        empty = network_for(GraphSchema(self.spec), 1, 0, 1)
-        probe = self.predictor or Predictor(self.spec, empty, {})
+        if self._reader is None:
+            empty = network_for(GraphSchema.from_spec(self.spec), 1, 0, 1)
+            self._reader = Predictor(self.spec, empty, {})
         new = [sd for sd in sds if self.cache.get(id(sd), (None,))[0] is not sd]
-        self.cache.update((id(sd), (sd, g)) for sd, g in zip(new, probe.graphs(new), strict=True))
+        graphs = self._reader.graphs(new)
+        self.cache.update((id(sd), (sd, g)) for sd, g in zip(new, graphs, strict=True))
         return [self.cache[id(sd)][1] for sd in sds]
 
     def fit(self, sds, y, val_sds, y_val, seed: int = 0) -> None:  # noqa: D102
-        self.predictor = None
         graphs, val_graphs = self._graphs(sds), self._graphs(val_sds)
         self.predictor = fit(
             None,

@@ -34,6 +34,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from wsym.metanet.trees import BoostedTrees
+
 STAT_QUANTILES = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
 TOP_SINGULAR = 3
 
@@ -136,8 +138,6 @@ class StatisticsEnsemble(nn.Module):
         tree_depth: int = 3,
     ):
         super().__init__()
-        from wsym.metanet.trees import BoostedTrees
-
         self.normal = QuantileNormal(features)
         self.members = nn.ModuleList(
             nn.Sequential(
