@@ -4,6 +4,7 @@ Run from the repository root (``rebasin`` must be installed)::
 
     .venv/bin/python benchmarks/align_speed.py [--only NAME ...] [--repeats 5]
         [--cache DIR] [--save PATH] [--compare PATH] [--profile NAME]
+        [--breakdown] [--orders N]
 
 The pairs are those of ``benchmarks/alignment.py`` (same models, data, seeds
 and training), trained once and cached as ``torch.save`` state dicts (read
@@ -18,16 +19,31 @@ steadier clock; least-of-repeats discounts the other processes.
 ``--save PATH`` stores wsym's aligned state dicts; ``--compare PATH`` reports
 the largest difference to a stored run (to check that a faster code path gives
 the same alignment). ``--profile NAME`` prints a cProfile of one pair's align.
+
+``--breakdown`` splits wsym's least CPU time: canonicalizing both checkpoints
+(continuous and sign groups), scipy's ``linear_sum_assignment`` (calls and
+seconds inside ``wsym.align``), and the rest; beside it, a fifth of rebasin's
+time (what wsym must stay under to be 5x faster).
+
+``--orders N`` measures how much the barrier depends on the order in which
+coordinate descent visits the permutation classes: wsym with ``seed`` 0..N-1
+and rebasin with ``torch.manual_seed`` 0..N-1 (it visits them in
+``torch.randperm`` order), train barrier (BatchNorm statistics reset on the
+train split at every point, as in the README's CNN row), least / median /
+largest over the orders.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import os
 import pstats
+import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,9 +51,12 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment import SEEDS, configs, rebasin_align  # noqa: E402
+from alignment import SEEDS, bn_reset_curves, configs, rebasin_align  # noqa: E402
 
 import wsym  # noqa: E402
+import wsym.assignment  # noqa: E402
+from wsym.align import NO_PERMUTATION  # noqa: E402
+from wsym.canon import canonical_element  # noqa: E402
 from wsym.data import load  # noqa: E402
 from wsym.train import train  # noqa: E402
 
@@ -87,6 +106,69 @@ def barrier(model, sd_a, sd_b, data) -> float:
     return wsym.interpolate(model, sd_a, sd_b, batches, F.cross_entropy, 11).barrier
 
 
+def reset_barrier(model, sd_a, sd_b, data) -> float:
+    """Train barrier; with BatchNorm, statistics recomputed at every point of the path."""
+    batches = list(data.batches("train", 1000))
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return wsym.interpolate(model, sd_a, sd_b, batches, F.cross_entropy, 11).barrier
+    return bn_reset_curves(model, sd_a, sd_b, batches, {"train": batches})["train"].barrier
+
+
+class CountedAssignment:
+    """Stands in for scipy's ``linear_sum_assignment`` in ``wsym.assignment``: calls, seconds."""
+
+    def __init__(self):
+        self.solve, self.calls, self.seconds = wsym.assignment.linear_sum_assignment, 0, 0.0
+
+    def __call__(self, *args, **kwargs):
+        start = time.process_time()
+        out = self.solve(*args, **kwargs)
+        self.seconds += time.process_time() - start
+        self.calls += 1
+        return out
+
+
+def breakdown(align, sd_a, sd_b, spec, repeats: int) -> tuple[float, float, int]:
+    """Least CPU seconds of canonicalizing both checkpoints; scipy seconds and calls in align."""
+
+    def canonicalize_both():
+        return [canonical_element(sd, spec, kinds=NO_PERMUTATION) for sd in (sd_a, sd_b)]
+
+    canon = clocked(canonicalize_both, repeats)[2]
+    counted = CountedAssignment()
+    wsym.assignment.linear_sum_assignment = counted
+    try:
+        lap = []
+        for _ in range(repeats):
+            counted.calls, counted.seconds = 0, 0.0
+            align()
+            lap.append((counted.seconds, counted.calls))
+    finally:
+        wsym.assignment.linear_sum_assignment = counted.solve
+    seconds, calls = min(lap)
+    return canon, seconds, calls
+
+
+def order_spread(model_a, model_b, sd_a, sd_b, spec, x, data, orders: int) -> str:
+    """Barrier least / median / largest over visiting orders, wsym and rebasin."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from rebasin import PermutationCoordinateDescent
+    ours, theirs = [], []
+    for seed in range(orders):
+        ours.append(reset_barrier(model_a, sd_a, wsym.align(sd_a, sd_b, spec, seed=seed), data))
+        torch.manual_seed(seed)
+        net = copy.deepcopy(model_b)
+        PermutationCoordinateDescent(model_a, net, x).rebasin(max_iterations=100)
+        theirs.append(reset_barrier(model_a, sd_a, net.state_dict(), data))
+
+    def spread(values):
+        return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+
+    head = f"  barrier over {orders} orders, least / median / largest:"
+    return f"{head} wsym {spread(ours)}, rebasin {spread(theirs)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=None)
@@ -96,6 +178,8 @@ def main() -> None:
     parser.add_argument("--compare", default=None)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--no-rebasin", action="store_true")
+    parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--orders", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     cache = Path(args.cache)
@@ -134,6 +218,16 @@ def main() -> None:
             line += f"    {r_wall:.3f} ({r_cpu:.3f})    {ratios}"
             b_w, b_r = barrier(model_a, sd_a, sd, data), barrier(model_a, sd_a, rb, data)
             print(line + f"      {b_w:.4f} / {b_r:.4f}")
+        if args.breakdown:
+            canon, lap, calls = breakdown(align, sd_a, sd_b, spec, args.repeats)
+            rest = w_cpu - canon - lap
+            budget = "" if args.no_rebasin else f"; rebasin / 5: {r_cpu / 5:.3f}"
+            print(
+                f"  cpu s: canonicalize both {canon:.3f}, scipy {lap:.3f} ({calls} calls), "
+                f"rest {rest:.3f}{budget}"
+            )
+        if args.orders:
+            print(order_spread(model_a, model_b, sd_a, sd_b, spec, x, data, args.orders))
         if name in previous:
             diff = max(float((sd[k] - previous[name][k]).abs().max()) for k in sd)
             print(f"  largest difference to {args.compare}: {diff:.2e}")

@@ -20,7 +20,7 @@ import wsym.canon
 import wsym.matching
 from wsym.act import GroupElement, act, map_blocks, transform
 from wsym.align import NO_PERMUTATION
-from wsym.assignment import MARGIN, assignment, dominant_assignment, reduced
+from wsym.assignment import MARGIN, assignment, diagonal_reduced, dominant_assignment, reduced
 from wsym.canon import canonical_element
 from wsym.matching import plain_score, weight_matching
 from wsym.reference import MLP
@@ -119,16 +119,46 @@ def test_updated_plain_score_is_the_product(n, features, seed, changed):
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 5), seed=st.integers(0, 2**31 - 1), levels=st.integers(1, 4))
-def test_reduced_assignment_is_optimal_with_ties(n, seed, levels):
+@given(
+    n=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+    levels=st.integers(1, 4),
+    warm=st.booleans(),
+)
+def test_reduced_assignment_is_optimal_with_ties(n, seed, levels, warm):
     """Few distinct values (ties everywhere): the answer is still a maximizer."""
     gen = torch.Generator().manual_seed(seed)
     score = torch.randint(0, levels, (n, n), generator=gen).double() * 0.7 + 3.0
-    perm = assignment(score)
+    perm = assignment(score, warm=warm)
     assert sorted(perm.tolist()) == list(range(n))
     assert _value(score, perm) == pytest.approx(_brute_force(score), abs=1e-12)
-    _, col = linear_sum_assignment(reduced(score).numpy(), maximize=True)
-    assert _value(score, torch.as_tensor(col)) == pytest.approx(_brute_force(score), abs=1e-12)
+    for matrix in (reduced(score), diagonal_reduced(score)):
+        _, col = linear_sum_assignment(matrix.numpy(), maximize=True)
+        assert _value(score, torch.as_tensor(col)) == pytest.approx(_brute_force(score), abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**31 - 1), diag=st.floats(0.0, 3.0))
+def test_diagonal_reduction_keeps_the_maximizers(n, seed, diag):
+    """Row and column constants only; the warm answer has the optimal value."""
+    gen = torch.Generator().manual_seed(seed)
+    score = torch.randn(n, n, generator=gen, dtype=torch.float64) + diag * torch.eye(n)
+    shift = diagonal_reduced(score) - score  # must be a_i + b_j
+    torch.testing.assert_close(shift, shift[:, :1] + shift[:1, :] - shift[0, 0], rtol=0, atol=1e-12)
+    _, col = linear_sum_assignment(score.numpy(), maximize=True)
+    best = _value(score, torch.as_tensor(col))
+    assert _value(score, assignment(score, warm=True)) == pytest.approx(best, abs=1e-9)
+
+
+def test_diagonal_reduction_makes_an_optimal_identity_tight():
+    """Converged potentials: every diagonal entry is its row's maximum (zero)."""
+    gen = torch.Generator().manual_seed(3)
+    score = torch.randn(30, 30, generator=gen, dtype=torch.float64)
+    _, col = linear_sum_assignment(score.numpy(), maximize=True)
+    score = score[:, torch.as_tensor(col)]  # now the identity is the optimum
+    matrix = diagonal_reduced(score, passes=30)
+    torch.testing.assert_close(matrix.diagonal(), torch.zeros(30, dtype=torch.float64))
+    assert float(matrix.max()) <= 1e-12
 
 
 def _old_dominant(score):

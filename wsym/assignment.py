@@ -19,8 +19,18 @@ so that rounding cannot make scipy's answer differ from the shortcut's. The
 argmaxes are checked for collisions first (one ``max`` pass), so that a matrix
 without a certificate costs little.
 
-Otherwise scipy solves the *reduced* matrix (row maxima, then column maxima
-subtracted): the same maximizers, found with shorter augmenting paths.
+Otherwise scipy solves a *reduced* matrix: the score less a potential per
+column and per row, which changes every assignment's value by the same
+constant, so the maximizers are the same, but scipy's augmenting paths are
+shorter when the reduction makes the optimum's entries nearly tight:
+
+* cold (a class solved for the first time): row maxima, then column maxima;
+* warm (the identity is expected to be near the optimum: a class solved
+  before, whose score changed only through its neighbours' moves): column
+  potentials from a few Bellman-Ford passes toward making the diagonal tight
+  (``v_j >= v_i + score[i, j] - score[i, i]``), then row maxima. On the late
+  sweeps of 512-wide MLPs scipy then takes 2-6 ms instead of 7-16 ms; on the
+  first solve of a class the cold reduction is faster.
 
 Tried and left out, on the pairing scores of trained 512-wide MLPs: a
 Bellman-Ford certificate of the current assignment (no negative cycle in the
@@ -36,6 +46,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 MARGIN = 1e-9
+WARM_PASSES = 5  # Bellman-Ford passes of the warm reduction (more cost more than they save)
 
 
 def dominant_assignment(score: torch.Tensor) -> torch.Tensor | None:
@@ -76,8 +87,11 @@ def dominant_assignment(score: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def assignment(score: torch.Tensor) -> torch.Tensor:
+def assignment(score: torch.Tensor, warm: bool = False) -> torch.Tensor:
     """``p`` maximizing ``sum_i score[i, p[i]]`` over permutations (square ``score``).
+
+    ``warm``: the identity is expected to be near the optimum (see the module
+    docstring); only the reduction handed to scipy changes, not the answer.
 
     Example:
         >>> assignment(torch.tensor([[1.0, 3.0, 0.0], [2.0, 2.5, 0.0], [0.0, 0.0, 1.0]]))
@@ -86,7 +100,8 @@ def assignment(score: torch.Tensor) -> torch.Tensor:
     fast = dominant_assignment(score)
     if fast is not None:
         return fast
-    _, col = linear_sum_assignment(reduced(score).detach().cpu().numpy(), maximize=True)
+    matrix = diagonal_reduced(score) if warm else reduced(score)
+    _, col = linear_sum_assignment(matrix.detach().cpu().numpy(), maximize=True)
     return torch.as_tensor(col)
 
 
@@ -104,3 +119,28 @@ def reduced(score: torch.Tensor) -> torch.Tensor:
     """
     rows = score - score.amax(1, keepdim=True)
     return rows - rows.amax(0, keepdim=True)
+
+
+def diagonal_reduced(score: torch.Tensor, passes: int = WARM_PASSES) -> torch.Tensor:
+    """``score`` less column potentials that nearly tighten the diagonal, then less row maxima.
+
+    The potentials ``v`` are ``passes`` Bellman-Ford relaxations from zero of
+    ``v_j >= v_i + score[i, j] - score[i, i]``; where they converge (the
+    identity is optimal), every diagonal entry is its row's maximum after
+    the reduction. Every assignment loses the same constant, so the
+    maximizers are those of ``score``.
+
+    Example:
+        >>> diagonal_reduced(torch.tensor([[3.0, 1.0], [2.0, 1.0]]))  # the identity is optimal
+        tensor([[ 0., -1.],
+                [ 0.,  0.]])
+    """
+    slack = score - score.diagonal().unsqueeze(1)
+    v = torch.zeros(score.shape[1], dtype=score.dtype)
+    for _ in range(passes):
+        relaxed = torch.maximum(v, (slack + v.unsqueeze(1)).amax(0))
+        if torch.equal(relaxed, v):
+            break
+        v = relaxed
+    rows = score - v
+    return rows - rows.amax(1, keepdim=True)

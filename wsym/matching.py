@@ -160,7 +160,7 @@ def match_class(
     previous = memo.get(plan.group) if memo is not None else None
     score, plain, odds = pairing_score(spec, plan, ref_units, cur, previous)
     rows = torch.arange(len(score))
-    perm = rows if plan.fixed else assignment(score)
+    perm = rows if plan.fixed else assignment(score, warm=previous is not None)
     gain = float(score[rows, perm].sum() - score.trace())
     if gain <= 1e-12 * max(1.0, float(plain.trace().abs())):
         perm = rows  # no strict gain from moving units: keep them, only fix signs
