@@ -55,7 +55,7 @@ from alignment import SEEDS, bn_reset_curves, configs, rebasin_align  # noqa: E4
 
 import wsym  # noqa: E402
 import wsym.assignment  # noqa: E402
-from wsym.align import NO_PERMUTATION  # noqa: E402
+from wsym.align import CANON_TOL, NO_PERMUTATION  # noqa: E402
 from wsym.canon import canonical_element  # noqa: E402
 from wsym.data import load  # noqa: E402
 from wsym.train import train  # noqa: E402
@@ -132,7 +132,9 @@ def breakdown(align, sd_a, sd_b, spec, repeats: int) -> tuple[float, float, int]
     """Least CPU seconds of canonicalizing both checkpoints; scipy seconds and calls in align."""
 
     def canonicalize_both():
-        return [canonical_element(sd, spec, kinds=NO_PERMUTATION) for sd in (sd_a, sd_b)]
+        return [
+            canonical_element(sd, spec, kinds=NO_PERMUTATION, tol=CANON_TOL) for sd in (sd_a, sd_b)
+        ]
 
     canon = clocked(canonicalize_both, repeats)[2]
     counted = CountedAssignment()
