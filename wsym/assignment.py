@@ -36,8 +36,10 @@ Tried and left out, on the pairing scores of trained 512-wide MLPs: a
 Bellman-Ford certificate of the current assignment (no negative cycle in the
 reassignment graph) needs about 20 passes even when the identity is optimal,
 as slow as scipy; top-k sparse candidates miss the optimum, whose column ranks
-up to 240th of 512 in its row; the ``lap`` package (LAPJV) is 2-3x slower than
-scipy there.
+up to 240th of 512 in its row; dropping every entry whose reduced cost exceeds
+the duality gap of the previous solve's potentials keeps every entry (the
+potentials go stale between solves); the ``lap`` package (LAPJV) is 2-3x
+slower than scipy there.
 """
 
 from __future__ import annotations
