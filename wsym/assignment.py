@@ -138,7 +138,7 @@ def diagonal_reduced(score: torch.Tensor, passes: int = WARM_PASSES) -> torch.Te
                 [ 0.,  0.]])
     """
     slack = score - score.diagonal().unsqueeze(1)
-    v = torch.zeros(score.shape[1], dtype=score.dtype)
+    v = score.new_zeros(score.shape[1])
     for _ in range(passes):
         relaxed = torch.maximum(v, (slack + v.unsqueeze(1)).amax(0))
         if torch.equal(relaxed, v):
