@@ -345,3 +345,10 @@ def scaled_mlp_population(n: int, seed: int = 0) -> tuple[list[dict], torch.Tens
         sds.append({k: v * scale for k, v in m.state_dict().items()})
         ys.append(scale)
     return sds, torch.tensor(ys)
+
+
+def fit_scaled_mlps(sds: list, y, **kwargs):
+    """``wsym.metanet.fit`` on states of :func:`scaled_mlp_population` (``MLP(4, [6], 3)``)."""
+    from wsym.metanet import fit
+
+    return fit(lambda: MLP(4, [6], 3), sds, y, example_inputs=torch.randn(2, 4), **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import scaled_mlp_population
+from cases import fit_scaled_mlps, scaled_mlp_population
 
 pytest.importorskip("torch_geometric")
 
@@ -136,18 +136,12 @@ def test_testing_helpers_catch_failures(detected):
         assert_sensitive(lambda s: torch.tensor(1.0), spec, sd)
 
 
-def _population(n=36, seed=0):
-    return scaled_mlp_population(n, seed)
-
-
 @pytest.fixture(scope="module")
 def trained():
-    sds, y = _population()
-    p = fit(
-        lambda: MLP(4, [6], 3),
+    sds, y = scaled_mlp_population(36)
+    p = fit_scaled_mlps(
         sds[:28],
         y[:28],
-        example_inputs=torch.randn(2, 4),
         epochs=40,
         patience=40,
         hidden=16,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import scaled_mlp_population
+from cases import fit_scaled_mlps, scaled_mlp_population
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("sklearn")
 
 import wsym
-from wsym.metanet import fit, kendall_tau, load
+from wsym.metanet import kendall_tau, load
 from wsym.metanet.baselines import Metanet, StatNN
 from wsym.metanet.fit import BLENDS
 from wsym.metanet.layers import stat_input
@@ -38,18 +38,12 @@ def test_trees_equal_scikit_learn_in_float64():
     assert torch.equal(unfitted(x_new.float()), torch.zeros(50, 1))
 
 
-def _population(n=40, seed=0):
-    return scaled_mlp_population(n, seed)
-
-
 @pytest.fixture(scope="module")
 def with_trees():
-    sds, y = _population()
-    p = fit(
-        lambda: MLP(4, [6], 3),
+    sds, y = scaled_mlp_population(40)
+    p = fit_scaled_mlps(
         sds[:32],
         y[:32],
-        example_inputs=torch.randn(2, 4),
         epochs=0,
         trees=30,
         stat_epochs=60,
@@ -86,7 +80,7 @@ def test_tree_features_finite_beyond_float32():
 
 
 def test_baseline_caches_hold_their_state_dicts():
-    sds, y = _population(12)
+    sds, y = scaled_mlp_population(12)
     spec = wsym.detect(MLP(4, [6], 3), torch.randn(2, 4))
     cache = {}
     m = Metanet(spec, cache=cache, epochs=0, stat_epochs=5)
@@ -101,14 +95,12 @@ def test_baseline_caches_hold_their_state_dicts():
 
 
 def test_fit_finite_with_dead_units_of_huge_canonical_scale():
-    sds, y = _population(16)
+    sds, y = scaled_mlp_population(16)
     sds = [{k: v.double() for k, v in sd.items()} for sd in sds]
     sds[0] = {k: v * 1e60 for k, v in sds[0].items()}  # beyond float32 after balancing
-    p = fit(
-        lambda: MLP(4, [6], 3),
+    p = fit_scaled_mlps(
         sds[:12],
         y[:12],
-        example_inputs=torch.randn(2, 4),
         epochs=2,
         stat_epochs=5,
         trees=5,

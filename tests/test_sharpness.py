@@ -295,15 +295,20 @@ def test_diagonal_geodesic_invariant(measure):
         assert abs(moved / value - 1) < RATIO
 
 
-@pytest.mark.parametrize("name", ["tiny-transformer", "bert"])
-@pytest.mark.parametrize("metric", ["invariant", "mixed"])
-def test_stack_padding_rows_stay_zero(detected, name, metric):
-    """Blocks stacked with zero-padded rows: draws, pullbacks and gradients keep them zero."""
+def _geodesic(detected, name: str, metric: str):
+    """The float64 parameters of a detected case and their :class:`Geodesic` geometry."""
     from wsym.perturbation import Geodesic
 
     model, _, spec = detected(name)
     params = {n: p.detach().double() for n, p in model.named_parameters()}
-    geom = Geodesic(params, spec, metric)
+    return params, Geodesic(params, spec, metric)
+
+
+@pytest.mark.parametrize("name", ["tiny-transformer", "bert"])
+@pytest.mark.parametrize("metric", ["invariant", "mixed"])
+def test_stack_padding_rows_stay_zero(detected, name, metric):
+    """Blocks stacked with zero-padded rows: draws, pullbacks and gradients keep them zero."""
+    params, geom = _geodesic(detected, name, metric)
     padded = [r for r in geom.quotient.rows if r is not None]
     assert padded, "the case must have blocks of different row counts"
     gen = torch.Generator().manual_seed(0)
@@ -326,11 +331,7 @@ def test_stack_padding_rows_stay_zero(detected, name, metric):
 @pytest.mark.parametrize("metric", ["invariant", "mixed"])
 def test_gradient_norm_is_the_metric_norm(detected, name, metric):
     """``|gradient(g)|`` from ``<g, gradient(g)>`` is the metric norm; every name moves."""
-    from wsym.perturbation import Geodesic
-
-    model, _, spec = detected(name)
-    params = {n: p.detach().double() for n, p in model.named_parameters()}
-    geom = Geodesic(params, spec, metric)
+    params, geom = _geodesic(detected, name, metric)
     assert len(geom.slots) < len(geom.names), "some parameter lies inside the blocks entirely"
     gen = torch.Generator().manual_seed(1)
     g = [torch.randn(c.shape, generator=gen, dtype=c.dtype) for c in geom.coordinates()]
