@@ -36,14 +36,12 @@ largest over the orders.
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import os
 import pstats
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -51,7 +49,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment import SEEDS, bn_reset_curves, configs, rebasin_align  # noqa: E402
+from alignment import SEEDS, bn_reset_curves, configs, has_batchnorm, rebasin_align  # noqa: E402
 
 import wsym  # noqa: E402
 import wsym.assignment  # noqa: E402
@@ -108,9 +106,9 @@ def barrier(model, sd_a, sd_b, data) -> float:
 
 def reset_barrier(model, sd_a, sd_b, data) -> float:
     """Train barrier; with BatchNorm, statistics recomputed at every point of the path."""
+    if not has_batchnorm(model):
+        return barrier(model, sd_a, sd_b, data)
     batches = list(data.batches("train", 1000))
-    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        return wsym.interpolate(model, sd_a, sd_b, batches, F.cross_entropy, 11).barrier
     return bn_reset_curves(model, sd_a, sd_b, batches, {"train": batches})["train"].barrier
 
 
@@ -153,16 +151,11 @@ def breakdown(align, sd_a, sd_b, spec, repeats: int) -> tuple[float, float, int]
 
 def order_spread(model_a, model_b, sd_a, sd_b, spec, x, data, orders: int) -> str:
     """Barrier least / median / largest over visiting orders, wsym and rebasin."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from rebasin import PermutationCoordinateDescent
     ours, theirs = [], []
     for seed in range(orders):
         ours.append(reset_barrier(model_a, sd_a, wsym.align(sd_a, sd_b, spec, seed=seed), data))
-        torch.manual_seed(seed)
-        net = copy.deepcopy(model_b)
-        PermutationCoordinateDescent(model_a, net, x).rebasin(max_iterations=100)
-        theirs.append(reset_barrier(model_a, sd_a, net.state_dict(), data))
+        sd, _ = rebasin_align(model_a, model_b, x, 1, seed=seed)
+        theirs.append(reset_barrier(model_a, sd_a, sd, data))
 
     def spread(values):
         return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"

@@ -121,14 +121,14 @@ def timed(fn, repeats: int):
     return result, statistics.median(times)
 
 
-def rebasin_align(model_a, model_b, x, repeats: int):
+def rebasin_align(model_a, model_b, x, repeats: int, seed: int = 0):
     """rebasin's permuted copy of ``model_b`` (state dict) and the median seconds."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from rebasin import PermutationCoordinateDescent
 
     def run():
-        torch.manual_seed(0)  # rebasin visits permutations in torch.randperm order
+        torch.manual_seed(seed)  # rebasin visits permutations in torch.randperm order
         net = copy.deepcopy(model_b)
         start = perf_counter()
         pcd = PermutationCoordinateDescent(model_a, net, x)
@@ -177,6 +177,11 @@ def l2(sd_a: dict, sd_b: dict) -> float:
 def curve_from(alphas, losses, accuracies) -> Curve:
     """A :class:`wsym.Curve` with the barriers defined as in ``wsym.interpolate``."""
     return Curve.from_points(alphas, losses, accuracies)
+
+
+def has_batchnorm(model) -> bool:
+    """Whether ``model`` holds a BatchNorm layer (its running statistics need a reset)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def bn_reset_curves(model, sd_a: dict, sd_b: dict, reset_batches, splits: dict) -> dict:
@@ -247,7 +252,7 @@ def run_pair(cfg: dict, repeats: int) -> dict:
     sd, seconds = timed(lambda: permutation_only(sd_a, sd_b, spec), repeats)
     methods["weights, perm only"] = {"sd": sd, "seconds": seconds}
 
-    has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model_a.modules())
+    has_bn = has_batchnorm(model_a)
     if has_bn and "sd" in methods["rebasin"]:
         methods["rebasin + BN recomputed"] = {
             "sd": reset_batchnorm_stats(model_a, methods["rebasin"]["sd"], splits["train"]),
