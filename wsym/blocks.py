@@ -157,18 +157,28 @@ def scatter_group(
     return _visit(spec, group, zeros, put)
 
 
+def _pair(parts: dict[int, Tensor]) -> Pair:
+    """``Pair(G, H)`` of gathered parities; a missing parity is an empty ``(*index, 0, h)``."""
+    like = next(iter(parts.values()))
+    empty = like.new_zeros((*like.shape[:-2], 0, like.shape[-1]))
+    return Pair(parts.get(0, empty), parts.get(1, empty))
+
+
 def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
-    """Indices of the GL groups used as blocks: both parities present, no overlaps."""
+    """Indices of the GL and orthogonal groups used as blocks, without overlaps.
+
+    A GL group needs both parities (the two factors of its product); an orthogonal
+    group acts alike on both (``x -> x R``), so either may be missing.
+    """
     taken: dict[str, Tensor] = {}
     chosen = []
     for i, group in enumerate(spec.groups):
-        if group.kind != "gl" or not _group_params(spec, group, params):
+        if group.kind not in ("gl", "orthogonal") or not _group_params(spec, group, params):
             continue
         parts = gather_group(spec, group, params)
-        if set(parts) != {0, 1}:
+        if not parts or (group.kind == "gl" and set(parts) != {0, 1}):
             continue
-        ones = Pair(torch.ones_like(parts[0]), torch.ones_like(parts[1]))
-        mask = {p: t != 0 for p, t in scatter_group(spec, group, ones, params).items()}
+        mask = _mask(spec, group, params)
         if any((taken[p] & m).any() for p, m in mask.items() if p in taken):
             continue
         for p, m in mask.items():
@@ -178,8 +188,8 @@ def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
 
 
 def _mask(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
-    parts = gather_group(spec, group, params)
-    ones = Pair(torch.ones_like(parts[0]), torch.ones_like(parts[1]))
+    parts = _pair(gather_group(spec, group, params))
+    ones = Pair(torch.ones_like(parts.G), torch.ones_like(parts.H))
     return {p: t != 0 for p, t in scatter_group(spec, group, ones, params).items()}
 
 
@@ -188,7 +198,7 @@ def _overlaps(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
 
 
 def block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
-    """GL groups of :func:`gl_groups`, then the scaling groups usable as GL(1) blocks."""
+    """GL/orthogonal groups of :func:`gl_groups`, then the scaling groups usable as GL(1) blocks."""
     chosen = gl_groups(spec, params)
     taken: dict[str, Tensor] = {}
     for i in chosen:
@@ -219,8 +229,7 @@ def gather(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[tuple[int, Pai
     """``[(group index, Pair(G, H))]`` for the blocks of :func:`block_groups`."""
     out = []
     for i in block_groups(spec, params):
-        parts = gather_group(spec, spec.groups[i], params)
-        out.append((i, Pair(parts[0], parts[1])))
+        out.append((i, _pair(gather_group(spec, spec.groups[i], params))))
     return out
 
 

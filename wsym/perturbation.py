@@ -30,7 +30,6 @@ from wsym.geometry import (
     Gram,
     Pair,
     geodesic_step_linearized,
-    horizontal,
     inner,
     riemannian_gradient,
 )
@@ -188,15 +187,36 @@ class Adaptive(Perturbation):
 
 
 class Geodesic(Adaptive):
-    """GL / GL(1) blocks with the invariant/mixed metric and geodesic steps; adaptive elsewhere."""
+    """The quotient by the whole continuous group: horizontal tangents, block metrics, geodesics.
+
+    GL, orthogonal and GL(1) blocks (:class:`wsym.quotient.Quotient`) use the invariant
+    or mixed metric and the second-order geodesic step (orthogonal groups, which have
+    no pair of factors, always the invariant metric); every other entry uses the
+    elementwise adaptive metric and a straight step. Tangent vectors are projected on
+    the horizontal space of *every* continuous group of the spec
+    (:class:`wsym.sharpness.vertical.Horizontal`): blocks, the other scaling groups,
+    LayerNorm input scalings and translations, overlapping or not. The metric is
+    invariant to the whole group at a point balanced by :mod:`wsym.sharpness.gauge`
+    (see ``docs/geometry.md``).
+    """
 
     def __init__(self, params, spec: SymmetrySpec, metric: str):
         quotient = Quotient(spec, params)
         super().__init__(params, quotient.covered)
-        self.quotient, self.metric = quotient, metric
+        self.quotient, self.metric, self.eps = quotient, metric, EPS
         self.blocks = quotient.stacks  # equal-shape blocks stacked: one solve per stack
+        self.metrics = [self.stack_metric(s) for s in range(len(self.blocks))]
         touched = [params[n].reshape(-1) for n in quotient.touched]
         self._touched_flat = torch.cat(touched) if touched else None  # base of the block moves
+        self._all_sizes = [params[n].numel() for n in self.names]
+        self._all_shapes = [params[n].shape for n in self.names]
+        from wsym.sharpness.vertical import Horizontal
+
+        self.horizontal = Horizontal(self, spec)
+
+    def stack_metric(self, s: int) -> str:
+        """The metric of stack ``s``: the chosen one, or invariant for orthogonal groups."""
+        return "invariant" if self.quotient.orthogonal[s] else self.metric
 
     def coordinates(self):
         """Parameters not inside the blocks entirely, then the GL blocks' G and H."""
@@ -206,31 +226,66 @@ class Geodesic(Adaptive):
         rest = xi[len(self.slots) :]
         return [Pair(rest[2 * j], rest[2 * j + 1]) for j in range(len(self.blocks))]
 
+    # -- tangent layout <-> flat parameter vectors (one partition, so each is the other's
+    # -- inverse and Euclidean adjoint)
+    def to_tangent(self, flat: Tensor) -> Tangent:
+        """A flat vector over all parameters (:attr:`names` order) in tangent layout."""
+        parts = flat.split(self._all_sizes)
+        table = {n: x.view(s) for n, x, s in zip(self.names, parts, self._all_shapes, strict=True)}
+        out = self._masked([table[n] for n in self.slots])
+        return out + [m for b in self.quotient.gather_stacks(table) for m in b]
+
+    def from_tangent(self, xi: Tangent) -> Tensor:
+        """Inverse (and adjoint) of :meth:`to_tangent`."""
+        table = dict(zip(self.slots, self._masked(xi[: len(self.slots)]), strict=False))
+        if self.blocks:
+            moved = self.quotient.split_touched(self.quotient.scatter_flat(self._pairs(xi)))
+            for n, x in moved.items():
+                table[n] = table[n] + x if n in table else x
+        like = next(iter(self.params.values()))
+        return torch.cat(
+            [
+                table[n].reshape(-1) if n in table else like.new_zeros(k)
+                for n, k in zip(self.names, self._all_sizes, strict=True)
+            ]
+        )
+
+    def lower(self, xi: Tangent) -> Tangent:
+        """``M xi``: the metric applied to a tangent vector (its Riesz covector)."""
+        out = self._split(self._flat(xi) * self._inv) if self.slots else []
+        for blk, m, (xG, xH) in zip(self.blocks, self.metrics, self._pairs(xi), strict=True):
+            P, Q = Gram.of(blk.G, EPS), Gram.of(blk.H, EPS)
+            if m == "invariant":
+                out.extend([P.solve(xG, left=False), Q.solve(xH, left=False)])
+            else:
+                out.extend([xG @ Q.matrix, xH @ P.matrix])
+        return out
+
     def inner(self, a, b):
         """Metric inner product (0-dim)."""
         total = super().inner(a, b)
-        for blk, x, y in zip(self.blocks, self._pairs(a), self._pairs(b), strict=True):
-            total = total + inner(blk, x, y, self.metric, EPS).sum()
+        for blk, m, x, y in zip(
+            self.blocks, self.metrics, self._pairs(a), self._pairs(b), strict=True
+        ):
+            total = total + inner(blk, x, y, m, EPS).sum()
         return total
 
     def gradient(self, g):
-        """Riemannian gradient from the Euclidean one."""
+        """Horizontal Riemannian gradient from the Euclidean one."""
         out = super().gradient(g)
-        for blk, x in zip(self.blocks, self._pairs(g), strict=True):
-            out.extend(riemannian_gradient(blk, x, self.metric, EPS))
-        return out
+        for blk, m, x in zip(self.blocks, self.metrics, self._pairs(g), strict=True):
+            out.extend(riemannian_gradient(blk, x, m, EPS))
+        return self.horizontal.project(out)
 
     def gradient_norm(self, g, d):
-        """Metric norm of ``d = gradient(g)``: on the blocks ``<g, d>`` (no metric product)."""
-        total = super().inner(d, d)
-        for x, y in zip(g[len(self.slots) :], d[len(self.slots) :], strict=True):
-            total = total + torch.dot(x.reshape(-1), y.reshape(-1))
-        return total.clamp_min(0).sqrt()
+        """Metric norm of ``d = gradient(g)``: ``<g, d>`` (d is M^-1 g projected M-orthogonally)."""
+        total = sum(torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(g, d, strict=True))
+        return torch.as_tensor(total).clamp_min(0).sqrt()
 
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
         pairs = zip(self.blocks, self._pairs(xi), strict=True)
-        return self._point(xi, [self.move(b, x) for b, x in pairs])
+        return self._point(xi, [self.move(b, x, s) for s, (b, x) in enumerate(pairs)])
 
     def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
         out = dict(self.params)
@@ -251,22 +306,27 @@ class Geodesic(Adaptive):
         pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
         if type(self).move is Geodesic.move:
             steps = [
-                geodesic_step_linearized(b, x, self.metric, EPS)
-                for b, x in zip(self.blocks, pairs, strict=True)
+                geodesic_step_linearized(b, x, m, EPS)
+                for b, x, m in zip(self.blocks, pairs, self.metrics, strict=True)
             ]
             moves, vjps = [m for m, _ in steps], [v for _, v in steps]
         else:
-            moves = [self.move(b, x) for b, x in zip(self.blocks, pairs, strict=True)]
-            vjps = [self._autograd_vjp(b, x) for b, x in zip(self.blocks, pairs, strict=True)]
+            moves = [
+                self.move(b, x, s) for s, (b, x) in enumerate(zip(self.blocks, pairs, strict=True))
+            ]
+            vjps = [
+                self._autograd_vjp(b, x, s)
+                for s, (b, x) in enumerate(zip(self.blocks, pairs, strict=True))
+            ]
         with torch.no_grad():
             return self._point(xi, moves), lambda grads: self._pullback(vjps, grads)
 
-    def _autograd_vjp(self, block: Pair, xi: Pair) -> Callable:
+    def _autograd_vjp(self, block: Pair, xi: Pair, s: int) -> Callable:
         xi = Pair(xi.G.clone().requires_grad_(True), xi.H.clone().requires_grad_(True))
 
         def vjp(g: Pair) -> Pair:
             with torch.enable_grad():
-                return Pair(*torch.autograd.grad(self.move(block, xi), xi, grad_outputs=g))
+                return Pair(*torch.autograd.grad(self.move(block, xi, s), xi, grad_outputs=g))
 
         return vjp
 
@@ -278,22 +338,22 @@ class Geodesic(Adaptive):
             out.extend(vjp(g))
         return out
 
-    def move(self, block: Pair, xi: Pair) -> Pair:
-        """Displacement ``gamma_xi(1) - block`` of one block: ``xi - Gamma(xi, xi) / 2``."""
-        return geodesic_step_linearized(block, xi, self.metric, EPS)[0]
+    def move(self, block: Pair, xi: Pair, s: int = 0) -> Pair:
+        """Displacement ``gamma_xi(1) - block`` of stack ``s``: ``xi - Gamma(xi, xi) / 2``."""
+        return geodesic_step_linearized(block, xi, self.metrics[s], EPS)[0]
 
     def random(self, gen):
-        """A random direction in the metric's coordinates (equivariant draw)."""
+        """A random horizontal direction in the metric's coordinates (equivariant draw)."""
         out = super().random(gen)
-        for (G, H), rows in zip(self.blocks, self.quotient.rows, strict=True):
-            lead, n, m = G.shape[:-2], G.shape[-2], H.shape[-2]
-            if self.metric == "invariant":  # xi = M G: Gaussian in metric coordinates
+        for (G, H), m, rows in zip(self.blocks, self.metrics, self.quotient.rows, strict=True):
+            lead, n, k = G.shape[:-2], G.shape[-2], H.shape[-2]
+            if m == "invariant":  # xi = M G: Gaussian in metric coordinates
                 xG = _randn(G, gen, (*lead, n, n)) @ G
-                xH = _randn(H, gen, (*lead, m, m)) @ H
+                xH = _randn(H, gen, (*lead, k, k)) @ H
             else:  # xi_G = M H Q^-1 transforms like G under GL
-                xG = Gram.of(H, EPS).solve(_randn(G, gen, (*lead, n, m)) @ H, left=False)
-                xH = Gram.of(G, EPS).solve(_randn(H, gen, (*lead, m, n)) @ G, left=False)
+                xG = Gram.of(H, EPS).solve(_randn(G, gen, (*lead, n, k)) @ H, left=False)
+                xH = Gram.of(G, EPS).solve(_randn(H, gen, (*lead, k, n)) @ G, left=False)
             if rows is not None:  # the draws mix rows: keep the padding rows zero
                 xG, xH = xG * rows.G, xH * rows.H
-            out.extend(horizontal((G, H), (xG, xH), self.metric, EPS))
-        return out
+            out.extend([xG, xH])
+        return self.horizontal.project(out)

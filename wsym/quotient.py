@@ -72,6 +72,8 @@ class Quotient:
         params: ``{name: tensor}`` the blocks were read from.
         blocks: ``[(group index, Pair(G, H))]``.
         members: per stack, the positions in :attr:`blocks` of its blocks.
+        orthogonal: per stack, whether its blocks are orthogonal groups (kept apart from
+            GL blocks: their vertical directions are the skew-symmetric ones).
         stacks: per stack, ``Pair(G (k, *index, r, h), H (k, *index, r, h))``.
         rows: per stack, ``Pair`` of 0/1 row masks ``(k, *index, r, 1)`` (None: no padding).
         covered: ``{name: bool tensor}``, True on entries inside some GL or GL(1) block.
@@ -92,9 +94,11 @@ class Quotient:
         self.spec, self.params = spec, params
         self.blocks = gather(spec, params)
         by_shape: dict[tuple, list[int]] = {}
-        for j, (_, b) in enumerate(self.blocks):
-            by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1]), []).append(j)
+        for j, (i, b) in enumerate(self.blocks):
+            orthogonal = spec.groups[i].kind == "orthogonal"
+            by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1], orthogonal), []).append(j)
         self.members = list(by_shape.values())
+        self.orthogonal = [key[2] for key in by_shape]
         self.stacks = [self._stack([self.blocks[j][1] for j in js]) for js in self.members]
         self.rows = [
             None

@@ -56,6 +56,7 @@ import copy
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ from wsym.curvature.objective import as_double, batch_size, call
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.graph.trace import eval_mode
 from wsym.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
+from wsym.sharpness.gauge import balanced
 from wsym.spec import SymmetrySpec
 
 MEASURES = (
@@ -131,19 +133,30 @@ def worst_case(geom: Perturbation, f: Callable, rho: float, steps: int) -> float
 
 def average_case(
     geom: Perturbation, fs: list[Callable], weights, rho: float, steps: int, seed: int
-):
-    """Mean over ``steps`` random directions of norm ``rho`` (same directions for every batch)."""
+) -> tuple[float, float]:
+    """Mean over ``steps`` antithetic pairs of random directions of norm ``rho``, and its error.
+
+    Each draw ``xi`` is evaluated at ``+xi`` and ``-xi`` (same directions for every
+    batch): the first-order term of the loss cancels in each pair, so the estimate is
+    the second-order change it is meant to be, not round-off of the gradient term.
+
+    Returns:
+        ``(mean, standard error of the mean over the pairs)``.
+    """
     gen = torch.Generator().manual_seed(seed)
     dirs = []
     for _ in range(steps):
         xi = geom.random(gen)
         dirs.append(_scale(xi, rho / max(float(geom.norm(xi)), 1e-300)))
-    total = 0.0
+    pairs = torch.zeros(steps, dtype=torch.float64)
     with torch.no_grad():
         for f, w in zip(fs, weights, strict=True):
             base = float(f(geom.params))
-            total += w * sum(float(f(geom.point(xi))) - base for xi in dirs) / steps
-    return total
+            for k, xi in enumerate(dirs):
+                up, down = float(f(geom.point(xi))), float(f(geom.point(_scale(xi, -1.0))))
+                pairs[k] += w * (0.5 * (up + down) - base)
+    err = float(pairs.std() / math.sqrt(steps)) if steps > 1 else float("nan")
+    return float(pairs.mean()), err
 
 
 def _check(batches, measure, rho, steps) -> None:
@@ -182,8 +195,9 @@ def sharpness(
     average: bool = False,
     seed: int = 0,
     steps: int = 10,
+    with_error: bool = False,
     **options,
-) -> float:
+) -> float | Estimate:
     r"""Sharpness of ``model`` on ``batches`` (see the module docstring for the measures).
 
     Args:
@@ -195,7 +209,10 @@ def sharpness(
         rho: radius of the perturbation ball (> 0), in the measure's metric.
         average: mean over random directions instead of the worst case.
         seed: seeds the random directions (and curvature probes); same seed, same value.
-        steps: ascent steps (worst case) or random directions (average case).
+        steps: ascent steps (worst case) or antithetic pairs of random directions
+            (average case).
+        with_error: return an :class:`Estimate` (value and standard error; the
+            average case's error is over its antithetic pairs) instead of a float.
         **options: passed to the :mod:`wsym.curvature` function of curvature measures.
 
     Returns:
@@ -216,41 +233,96 @@ def sharpness(
     model64 = copy.deepcopy(model).double()
     batches64 = [(as_double(x), as_double(y)) for x, y in batches]
     if measure in ("hessian-trace", "lambda-max", "fisher"):
-        return _curvature(measure, model64, batches64, loss_fn, seed, options)
+        value = _curvature(measure, model64, batches64, loss_fn, seed, options)
+        return Estimate(value, 0.0) if with_error else value
     if options:
         raise WsymInputError(f"unknown options for {measure!r}: {', '.join(options)}")
+    _check_finite(model64)
+    if measure.startswith("geodesic"):
+        spec = _spec_of(model, batches, spec)
+        _move_to(model64, _base_point(spec, model64.state_dict(), average))
     params = {n: p.detach() for n, p in model64.named_parameters() if p.requires_grad}
-    geom = _geometry(model, batches, spec, measure, params)
+    geom = _geometry(spec, measure, params)
     fs = [_batch_loss(model64, loss_fn, x, y) for x, y in batches64]
     sizes = [batch_size(x) for x, _ in batches64]
     weights = [n / sum(sizes) for n in sizes]
     with eval_mode(model64):
         if average:
-            return float(average_case(geom, fs, weights, rho, steps, seed))
-        return float(
-            sum(w * worst_case(geom, f, rho, steps) for f, w in zip(fs, weights, strict=True))
-        )
+            value, err = average_case(geom, fs, weights, rho, steps, seed)
+        else:
+            value = sum(
+                w * worst_case(geom, f, rho, steps) for f, w in zip(fs, weights, strict=True)
+            )
+            err = 0.0
+    return Estimate(float(value), err) if with_error else float(value)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A sharpness value and its standard error (0 for deterministic measures)."""
+
+    value: float
+    stderr: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.4g} +- {self.stderr:.2g}" if self.stderr else f"{self.value:.4g}"
 
 
 def _batch_loss(model64, loss_fn, inputs, targets) -> Callable:
     return lambda params: loss_fn(call(model64, params, inputs), targets)
 
 
-def _geometry(model, batches, spec, measure, params) -> Perturbation:
-    if measure == "euclidean":
-        return Euclidean(params)
-    if measure == "adaptive":
-        return Adaptive(params)
+def _check_finite(model64: nn.Module) -> None:
+    for name, t in model64.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise WsymInputError(
+                f"{name} holds NaN or Inf values; sharpness needs finite weights "
+                "(check the checkpoint or the training run that wrote it)"
+            )
+
+
+def _spec_of(model, batches, spec: SymmetrySpec | None) -> SymmetrySpec:
     if spec is None:
         from wsym.detect import detect
 
         spec = detect(model, batches[0][0])
+    return spec
+
+
+def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:
+    """Where the geodesic measures are evaluated: a point of the same orbit.
+
+    Worst case: the balanced point of the diagonal groups
+    (:func:`wsym.sharpness.gauge.balanced`), where the quotient metric is invariant to
+    the whole group. Average case: the canonical point (:func:`wsym.canonicalize`), so
+    that the random directions are drawn in canonical coordinates and transform with
+    every element, permutations and signs included.
+    """
+    if average:
+        from wsym.canon import canonical_element
+
+        return canonical_element(state, spec)[0]
+    return balanced(spec, state)
+
+
+def _move_to(model64: nn.Module, state: dict) -> None:
+    """Load ``state`` (same function, another point of the orbit) into the float64 copy."""
+    with torch.no_grad():
+        for name, t in model64.state_dict(keep_vars=True).items():
+            if name in state and t.is_floating_point():
+                t.copy_(state[name])
+
+
+def _geometry(spec, measure, params) -> Perturbation:
+    if measure == "euclidean":
+        return Euclidean(params)
+    if measure == "adaptive":
+        return Adaptive(params)
     metric = "invariant" if measure == "geodesic-inv" else "mixed"
     geom = Geodesic(params, spec, metric)
-    if not geom.blocks:
+    if not geom.blocks and not geom.horizontal.active:
         warnings.warn(
-            f"{measure}: the spec has no GL group (nor GL(1) scaling block); "
-            "the measure equals 'adaptive'",
+            f"{measure}: the spec has no continuous group; the measure equals 'adaptive'",
             SymmetryWarning,
             stacklevel=3,
         )

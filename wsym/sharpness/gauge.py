@@ -1,0 +1,278 @@
+r"""The balanced point of an orbit's diagonal part: where the quotient metric is evaluated.
+
+The block metrics of Hide & Seek are invariant to GL on a block's own axis, the
+elementwise adaptive metric to every elementwise rescaling; neither is invariant to
+a *diagonal* group acting on the *other* axis of a block (a LayerNorm gain rescales the
+columns of ``W_Q`` while GL acts on its rows). wsym evaluates the geometry at the point
+:math:`\hat\theta = s^\star(\theta) \cdot \theta` of the orbit of those diagonal groups,
+where :math:`u = \log s` minimizes the convex, GL-invariant balancing objective
+
+.. math::
+    F(u) = \sum_{e \notin \text{blocks}} w_e^2\, e^{2 (E u)_e}
+         + \sum_{\text{blocks}} \big\| D_G(u)\, G H^\top D_H(u) \big\|_F^2 ,
+
+:math:`E` the exponents of the units on the entries, :math:`D_G, D_H` the diagonal
+factors they put on the rows of a block's two factors (a one-sided orthogonal block
+contributes :math:`\|D_G G\|_F^2`). Only the diagonal groups that touch another
+group's block (and those sharing entries with them) take part; where none does, the
+block metrics are invariant as they are and :math:`\hat\theta = \theta` (up to
+translations). :math:`F` sees blocks only through their products, so its minimizer does
+not depend on GL or orthogonal elements, and :math:`F_{k\theta}(u) = F_\theta(u + \log k)`
+for a diagonal element :math:`k`: :math:`\hat\theta` is the same point for a whole
+diagonal orbit and moves with the other groups (derivation: ``docs/geometry.md``).
+Translations are put at their canonical representative (a zero key bias, a zero-mean
+logit bias). Newton's method with a backtracking line search solves for :math:`u`.
+
+A diagonal element computes the same function, so the loss around :math:`\theta` in the
+directions :math:`s^{\star -1} \xi` is the loss around :math:`\hat\theta` in the
+directions :math:`\xi`: the measures evaluate :math:`\hat\theta` directly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from wsym.act import GroupElement, act
+from wsym.canon import canonical_element
+from wsym.errors import SymmetryWarning
+from wsym.quotient import Quotient
+from wsym.sharpness.vertical import exponent_matrix
+from wsym.spec import SymmetrySpec
+
+DIAGONAL = ("scaling", "norm_scaling")
+NEWTON_TOL = 1e-13
+MAX_NEWTON = 100
+
+
+def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[str, Tensor]:
+    """``s*(theta) . theta`` (float64), translations canonical; buffers move with it.
+
+    Args:
+        spec: the symmetry spec.
+        state: a state dict (parameters and buffers).
+        names: the parameters that are perturbed (default: the spec's non-buffer entries).
+
+    Example:
+        >>> import torch, wsym
+        >>> from wsym.reference import TinyTransformer
+        >>> model = TinyTransformer(depth=1).double()
+        >>> spec = wsym.detect(model, torch.randn(2, 10, 4, dtype=torch.float64))
+        >>> sd = model.state_dict()
+        >>> moved = spec.act(spec.sample(seed=1), sd)
+        >>> a, b = balanced(spec, sd), balanced(spec, moved)
+        >>> key = "blocks.0.norm1.weight"
+        >>> bool(torch.allclose(a[key].abs().sort()[0], b[key].abs().sort()[0]))
+        True
+    """
+    state = {k: v.detach().double() if v.is_floating_point() else v for k, v in state.items()}
+    if names is None:
+        buffers = set(spec.buffers)
+        names = [k for k, _ in spec.layouts if k in state and k not in buffers]
+    if any(g.kind == "translation" for g in spec.groups):  # first: F reads the key bias
+        state, _ = canonical_element(state, spec, kinds={"translation"})
+    params = {n: state[n] for n in names}
+    groups = gauged_groups(spec, params)
+    if groups:
+        u = _newton(_Objective(spec, params, groups))
+        if u is not None:
+            element, start = [], 0
+            for i in groups:
+                n = spec.groups[i].size
+                element.append((i, torch.exp(u[start : start + n])))
+                start += n
+            state = act(spec, GroupElement(tuple(element)), state)
+    return state
+
+
+def gauged_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
+    """Diagonal groups that rescale rows of another group's block, and those sharing entries."""
+    q = Quotient(spec, params)
+    own = {i for i, _ in q.blocks}
+    covered = {p: m for p, m in q.covered.items() if bool(m.any())}
+    touch = {i: _entries(spec, i, params) for i, g in enumerate(spec.groups) if g.kind in DIAGONAL}
+    chosen = {
+        i
+        for i, t in touch.items()
+        if i not in own and any(bool((t[p] & covered[p]).any()) for p in t if p in covered)
+    }
+    grown = True
+    while grown:  # close under sharing entries
+        grown = False
+        for i, t in touch.items():
+            if i in chosen or i in own:
+                continue
+            if any(_share(t, touch[j]) for j in chosen):
+                chosen.add(i)
+                grown = True
+    return sorted(chosen)
+
+
+def _entries(spec: SymmetrySpec, i: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    names = [p for p in spec.groups[i].params if p in params]
+    E = exponent_matrix(spec, [i], names, params)
+    rows = E.indices()[0].unique()
+    out, start = {}, 0
+    for p in names:
+        n = params[p].numel()
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[rows[(rows >= start) & (rows < start + n)] - start] = True
+        out[p] = mask.reshape(params[p].shape)
+        start += n
+    return out
+
+
+def _share(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
+    return any(bool((a[p] & b[p]).any()) for p in a if p in b)
+
+
+class _Objective:
+    """The balancing objective ``F(u)`` of the module docstring, its gradient and Hessian."""
+
+    def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor], groups: list[int]):
+        names = list(params)
+        self.q = Quotient(spec, params)
+        E = exponent_matrix(spec, groups, names, params)
+        self.n = E.shape[1]
+        theta = torch.cat([params[n].reshape(-1) for n in names])
+        # parameter-flat position -> position in the Quotient's stacked blocks (or none)
+        offsets, start = {}, 0
+        for n in names:
+            offsets[n] = start
+            start += params[n].numel()
+        stack_pos = torch.full((start,), -1, dtype=torch.long)
+        t_start = 0
+        for n in self.q.touched:
+            k = params[n].numel()
+            s = self.q._scatter_index[t_start : t_start + k]
+            stack_pos[offsets[n] : offsets[n] + k] = torch.where(s < self.q._total, s, -1)
+            t_start += k
+        rows, cols = E.indices()
+        vals = E.values()
+        inside = stack_pos[rows] >= 0
+        # entries outside the blocks: c_e exp(2 (E u)_e)
+        out_rows = rows[~inside]
+        uniq, inv = out_rows.unique(return_inverse=True)
+        self.c = theta[uniq] ** 2
+        self.E_out = _sparse(inv, cols[~inside], vals[~inside], (len(uniq), self.n))
+        # block rows: one per row of a stacked factor (E is constant along the block's axis)
+        self.parts = []  # per stacked factor: (offset, numel, rows, h)
+        offset, row0 = 0, 0
+        for G, H in self.q.stacks:
+            for M in (G, H):
+                self.parts.append((offset, M.numel(), row0, M.shape[-1]))
+                offset += M.numel()
+                row0 += M.numel() // M.shape[-1]
+        self.rows_total = row0
+        pos = stack_pos[rows[inside]]
+        starts = torch.tensor([p[0] for p in self.parts])
+        part = torch.searchsorted(starts, pos, right=True) - 1
+        h = torch.tensor([p[3] for p in self.parts])[part]
+        row = torch.tensor([p[2] for p in self.parts])[part] + (pos - starts[part]) // h
+        key = row * self.n + cols[inside]
+        ukey, first = _unique_first(key)
+        self.E_rows = _sparse(ukey // self.n, ukey % self.n, vals[inside][first], (row0, self.n))
+        hit = self.E_rows.indices()[0]
+        self.stacks = [  # the stacks whose rows some gauged unit rescales (others are constant)
+            s
+            for s in range(len(self.q.stacks))
+            if any(
+                bool(((hit >= r0) & (hit < r0 + k // h)).any())
+                for _, k, r0, h in self.parts[2 * s : 2 * s + 2]
+            )
+        ]
+
+    def value_grad_hess(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``F(u)``, its gradient ``(n,)`` and Hessian ``(n, n)`` (sparse products)."""
+        z = torch.exp(2 * (self.E_out @ u)) * self.c
+        F = z.sum()
+        grad = 2 * (self.E_out.T @ z)
+        hess = 4 * _gram(self.E_out, z)
+        alpha = torch.exp(self.E_rows @ u)  # diagonal factor of every block row
+        g_rows = torch.zeros(self.rows_total, dtype=torch.float64)
+        h_rows = torch.zeros(self.rows_total, dtype=torch.float64)
+        ii, jj, vv = [], [], []
+        for s in self.stacks:
+            G, H = self.q.stacks[s]
+            (_, _, rg, _), (_, _, rh, _) = self.parts[2 * s], self.parts[2 * s + 1]
+            ng, nh = G.shape[-2], H.shape[-2]
+            lead = G.shape[:-2]
+            Gs = G * alpha[rg : rg + G[..., 0].numel()].reshape(*lead, ng, 1)
+            Hs = H * alpha[rh : rh + H[..., 0].numel()].reshape(*lead, nh, 1)
+            if ng and nh and not self.q.orthogonal[s]:
+                P2 = (Gs @ Hs.mT) ** 2  # (*lead, ng, nh): ||D_G G H^T D_H||^2 entrywise
+                F = F + P2.sum()
+                dg, dh = 2 * P2.sum(-1), 2 * P2.sum(-2)  # d/d(log row factor)
+                g_rows[rg : rg + dg.numel()] += dg.reshape(-1)
+                g_rows[rh : rh + dh.numel()] += dh.reshape(-1)
+                h_rows[rg : rg + dg.numel()] += 2 * dg.reshape(-1)
+                h_rows[rh : rh + dh.numel()] += 2 * dh.reshape(-1)
+                idx_g = torch.arange(rg, rg + dg.numel()).reshape(dg.shape)
+                idx_h = torch.arange(rh, rh + dh.numel()).reshape(dh.shape)
+                ii.append(idx_g.unsqueeze(-1).expand(P2.shape).reshape(-1))
+                jj.append(idx_h.unsqueeze(-2).expand(P2.shape).reshape(-1))
+                vv.append(4 * P2.reshape(-1))
+            else:  # orthogonal (one-sided): ||D G||^2 + ||D H||^2
+                for M, r0 in ((Gs, rg), (Hs, rh)):
+                    sq = (M**2).sum(-1).reshape(-1)
+                    F = F + sq.sum()
+                    g_rows[r0 : r0 + sq.numel()] += 2 * sq
+                    h_rows[r0 : r0 + sq.numel()] += 4 * sq
+        grad = grad + self.E_rows.T @ g_rows
+        hess = hess + _gram(self.E_rows, h_rows)
+        if ii:
+            shape = (self.rows_total, self.rows_total)
+            C = _sparse(torch.cat(ii), torch.cat(jj), torch.cat(vv), shape)
+            cross = torch.sparse.mm(self.E_rows.t(), torch.sparse.mm(C, self.E_rows)).to_dense()
+            hess = hess + cross + cross.T
+        return F, grad, hess
+
+
+def _gram(E: Tensor, w: Tensor) -> Tensor:
+    """``E^T diag(w) E`` (dense ``(n, n)``) of a sparse COO ``E``."""
+    rows, cols = E.indices()
+    scaled = _sparse(rows, cols, E.values() * w[rows], E.shape)
+    return torch.sparse.mm(E.t(), scaled).to_dense()
+
+
+def _newton(obj: _Objective) -> Tensor | None:
+    """Minimize the convex objective from ``u = 0``; None (with a warning) if it diverges."""
+    u = torch.zeros(obj.n, dtype=torch.float64)
+    F, g, Hm = obj.value_grad_hess(u)
+    for _ in range(MAX_NEWTON):
+        step = -torch.linalg.solve(Hm + 1e-14 * Hm.diagonal().mean() * torch.eye(obj.n), g)
+        t = 1.0
+        while t > 1e-8:
+            F_new, g_new, H_new = obj.value_grad_hess(u + t * step)
+            if F_new <= F:
+                break
+            t /= 2
+        u = u + t * step
+        done = float((t * step).abs().max()) < NEWTON_TOL or F_new == F
+        F, g, Hm = F_new, g_new, H_new
+        if done:
+            break
+    if not bool(torch.isfinite(u).all()) or float(u.abs().max()) > 700:
+        warnings.warn(
+            "the balancing of the diagonal groups did not converge (a dead unit?); "
+            "the geodesic measures use the point as it is",
+            SymmetryWarning,
+            stacklevel=3,
+        )
+        return None
+    return u
+
+
+def _sparse(rows: Tensor, cols: Tensor, vals: Tensor, shape) -> Tensor:
+    index = torch.stack([rows, cols]) if rows.numel() else torch.zeros(2, 0, dtype=torch.long)
+    return torch.sparse_coo_tensor(index, vals, shape, check_invariants=False).coalesce()
+
+
+def _unique_first(key: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted unique values of ``key`` and the index of one occurrence of each."""
+    uniq, inv = key.unique(return_inverse=True)
+    first = torch.full((len(uniq),), -1, dtype=torch.long)
+    first[inv] = torch.arange(len(key))
+    return uniq, first
