@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.act import transform
+from wsym.act import derived, transform
 from wsym.geometry import Pair
 from wsym.spec import Group, SymmetrySpec
 from wsym.units import class_params
@@ -198,7 +198,15 @@ def _overlaps(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
 
 
 def block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
-    """GL/orthogonal groups of :func:`gl_groups`, then the scaling groups usable as GL(1) blocks."""
+    """GL/orthogonal groups of :func:`gl_groups`, then the scaling groups usable as GL(1) blocks.
+
+    Depends on the parameters' names and shapes only (memoized on the spec).
+    """
+    key = ("block_groups", tuple((p, tuple(t.shape)) for p, t in params.items()))
+    return list(derived(spec, key, lambda: _block_groups(spec, params)))
+
+
+def _block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, ...]:
     chosen = gl_groups(spec, params)
     taken: dict[str, Tensor] = {}
     for i in chosen:
@@ -222,7 +230,7 @@ def block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
         if _overlaps(taken, mask) or any(_overlaps(t, mask) for j, t in touched.items() if j != i):
             continue
         chosen.append(i)
-    return chosen
+    return tuple(chosen)
 
 
 def gather(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[tuple[int, Pair]]:

@@ -196,7 +196,53 @@ class Horizontal:
         ]
         self.iterations = 0
         self.active = bool(E.shape[1] or D.shape[1] or self.stacks)
+        self._unit_group = torch.repeat_interleave(
+            torch.arange(len(self.groups)),
+            torch.tensor([spec.groups[i].size for i in self.groups], dtype=torch.long),
+        )
+        self._cg = self._coupled(pos[rows], self._unit_group[cols], n)
         self._precompute()
+
+    def _coupled(self, t_rows: Tensor, t_groups: Tensor, n: int) -> tuple:
+        """Which coefficients need conjugate gradients: ``(units, translations, stacks)`` masks.
+
+        The Gram matrix is block-diagonal over the connected components of "shares a
+        tangent entry" (or a block row, through the block metric); a component of one
+        stack, one translation, or one scaling group whose units touch disjoint plain
+        entries is solved exactly by its preconditioner, the others by CG.
+        """
+        n_e, n_d, n_s = len(self.groups), self.D.shape[1], len(self.stacks)
+        parent = list(range(n_e + n_d + n_s))
+
+        def find(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        stack_of = torch.full((n,), -1, dtype=torch.long)
+        for s_, (g, h) in enumerate(self._views):
+            stack_of[g], stack_of[h] = s_, s_
+        d_rows, d_cols = self.D.nonzero(as_tuple=True)
+        node_pos = torch.cat([t_rows, d_rows])
+        nodes = torch.cat([t_groups, n_e + d_cols])
+        in_stack = stack_of[node_pos] >= 0
+        pairs = torch.stack([nodes[in_stack], n_e + n_d + stack_of[node_pos[in_stack]]], 1)
+        order = torch.argsort(node_pos[~in_stack], stable=True)
+        plain_pos, plain_nodes = node_pos[~in_stack][order], nodes[~in_stack][order]
+        same = plain_pos[1:] == plain_pos[:-1]
+        pairs = torch.cat([pairs, torch.stack([plain_nodes[:-1][same], plain_nodes[1:][same]], 1)])
+        for a, b in pairs.unique(dim=0).tolist():
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[ra] = rb
+        roots = [find(i) for i in range(len(parent))]
+        size = {r: roots.count(r) for r in set(roots)}
+        inner = set(plain_nodes[:-1][same & (plain_nodes[:-1] == plain_nodes[1:])].tolist())
+        cg = [size[roots[i]] > 1 or i in inner for i in range(len(parent))]
+        groups = torch.tensor(cg[:n_e], dtype=torch.bool)
+        units = groups[self._unit_group] if n_e else torch.zeros(0, dtype=torch.bool)
+        return units, torch.tensor(cg[n_e : n_e + n_d], dtype=torch.bool), cg[n_e + n_d :]
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
         return torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0, dtype=torch.float64)
@@ -210,11 +256,16 @@ class Horizontal:
         return v[g].view(G.shape), v[h].view(H.shape)
 
     # -- the linear maps (flat tangent layout) ------------------------------------------
-    def lower(self, v: Tensor) -> Tensor:
-        """``M v``: the geometry's metric on a flat tangent vector."""
+    def lower(self, v: Tensor, stacks: list | None = None) -> Tensor:
+        """``M v``: the metric on a flat tangent vector.
+
+        Entries of the stacks not flagged in ``stacks`` are left undefined.
+        """
         out = torch.empty_like(v)
         out[: self._slots] = v[: self._slots] * self.geom._inv
         for s, (G, H) in enumerate(self.stacks):
+            if stacks is not None and not stacks[s]:
+                continue
             xG, xH = self._stack_views(v, s)
             oG, oH = self._stack_views(out, s)
             P, Q = Gram.of(G, self.geom.eps), Gram.of(H, self.geom.eps)
@@ -226,30 +277,35 @@ class Horizontal:
                 oH.copy_(xH @ P.matrix)
         return out
 
-    def apply(self, c: Coefficients) -> Tensor:
-        """``J c`` as a flat tangent vector."""
+    def apply(self, c: Coefficients, stacks: list | None = None) -> Tensor:
+        """``J c`` as a flat tangent vector (only the stacks flagged in ``stacks``)."""
         a, t, omegas = c[0], c[1], c[2:]
         v = self.T @ a if a.numel() else torch.zeros(sum(self.sizes), dtype=torch.float64)
         if t.numel():
             v = v + self.D @ t
         for s, (G, H) in enumerate(self.stacks):
+            if stacks is not None and not stacks[s]:
+                continue
             vG, vH = self._stack_views(v, s)
             vG.add_(G @ omegas[s])
             vH.sub_(H @ omegas[s].mT)
         return v
 
-    def adjoint(self, y: Tensor) -> Coefficients:
-        """``J^T y`` (Euclidean adjoint of :meth:`apply`)."""
+    def adjoint(self, y: Tensor, stacks: list | None = None) -> Coefficients:
+        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on unflagged stacks)."""
         out = [self.TT @ y if self.TT.shape[0] else y.new_zeros(0), self.D.T @ y]
         for s, (G, H) in enumerate(self.stacks):
+            if stacks is not None and not stacks[s]:
+                out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
+                continue
             yG, yH = self._stack_views(y, s)
             om = G.mT @ yG - (H.mT @ yH).mT
             out.append(_skew(om) if self.skew[s] else om)
         return out
 
-    def gram(self, c: Coefficients) -> Coefficients:
-        """``J^T M J c``."""
-        return self.adjoint(self.lower(self.apply(c)))
+    def gram(self, c: Coefficients, stacks: list | None = None) -> Coefficients:
+        """``J^T M J c`` (only the stacks flagged in ``stacks``, default all)."""
+        return self.adjoint(self.lower(self.apply(c, stacks), stacks), stacks)
 
     # -- the preconditioner ---------------------------------------------------------
     def _precompute(self) -> None:
@@ -320,25 +376,38 @@ class Horizontal:
         return self._unflat(v)
 
     def solve(self, b: Coefficients) -> Coefficients:
-        """Preconditioned conjugate gradients on ``J^T M J a = b``."""
+        """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones."""
+        units, trans, stacks = self._cg
+        exact = self._restrict(self.precondition(b), ~units, ~trans, [not c for c in stacks])
+        self.iterations = 0
+        if not (bool(units.any()) or bool(trans.any()) or any(stacks)):
+            return exact
+        keep = (units, trans, stacks)
         x = [torch.zeros_like(t) for t in b]
-        r = list(b)
-        z = self.precondition(r)
+        r = self._restrict(list(b), *keep)
+        z = self._restrict(self.precondition(r), *keep)
         rz = _dot(r, z)
         stop = TOL * TOL * rz
-        self.iterations = 0
         p = z
         while rz > stop and rz > 0 and self.iterations < MAX_ITER:
-            Kp = self.gram(p)
+            Kp = self._restrict(self.gram(p, stacks), *keep)
             alpha = rz / _dot(p, Kp)
             x = [u + alpha * v for u, v in zip(x, p, strict=True)]
             r = [u - alpha * v for u, v in zip(r, Kp, strict=True)]
-            z = self.precondition(r)
+            z = self._restrict(self.precondition(r), *keep)
             rz_new = _dot(r, z)
             p = [u + (rz_new / rz) * v for u, v in zip(z, p, strict=True)]
             rz = rz_new
             self.iterations += 1
-        return x
+        return [u + v for u, v in zip(x, exact, strict=True)]
+
+    @staticmethod
+    def _restrict(c: Coefficients, units: Tensor, trans: Tensor, stacks: list) -> Coefficients:
+        """``c`` with the coefficients outside the masks set to zero."""
+        out = [c[0] * units if c[0].numel() else c[0], c[1] * trans if c[1].numel() else c[1]]
+        return out + [
+            w if keep else torch.zeros_like(w) for w, keep in zip(c[2:], stacks, strict=True)
+        ]
 
 
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, shape) -> Tensor:
