@@ -71,7 +71,7 @@ def conserved(spec: SymmetrySpec, state: dict) -> dict[int, Tensor]:
     out = {}
     for i, group in enumerate(spec.groups):
         kind = kind_of(group)
-        if not kind.continuous or group.kind == "orthogonal":
+        if not kind.continuous or kind.self_dual:  # rotations: Q vanishes identically
             continue
         if kind.diagonal:  # norm_scaling: its scaling part only (no buffer-dependent term)
             out[i] = _SCALING.generator_adjoint(spec, group, params, params)
@@ -82,7 +82,7 @@ def conserved(spec: SymmetrySpec, state: dict) -> dict[int, Tensor]:
 
 def degree(group: Group) -> int:
     """2 for the quadratic quantities, 1 for the linear one (translations)."""
-    return 1 if group.kind == "translation" else 2
+    return 1 if kind_of(group).additive else 2
 
 
 def decay(group: Group, lr: float, weight_decay: float) -> float:

@@ -78,7 +78,7 @@ def sample(
     for i in chosen:
         if kinds is None or spec.groups[i].kind in kinds:
             value = sample_group(spec, i, gen, scale, moving)
-            if flip and spec.groups[i].kind == "sign":
+            if flip and kind_of(spec.groups[i]).flips:
                 value = -value
             comps.append((i, value))
     return GroupElement(tuple(comps))

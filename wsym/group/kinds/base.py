@@ -35,12 +35,25 @@ class Kind:
         continuous: a Lie group of positive dimension (else finite).
         diagonal: acts by multiplying each entry by a per-unit factor (``s**e``).
         matrix: acts by one matrix per index on the class axis (``x M`` / ``x M^-T``).
+        permutes: reorders the units of its class.
+        flips: a finite diagonal kind (factors +-1).
+        one_sided: a diagonal kind acting on one side of its units only (every
+            exponent positive: the weights feeding a normalization), so that
+            its orbits hold every norm.
+        self_dual: a matrix kind with ``M^-T = M`` (orthogonal): both parities
+            transform alike.
+        additive: acts by adding a constant (translations).
     """
 
     name: ClassVar[str] = ""
     continuous: ClassVar[bool] = False
     diagonal: ClassVar[bool] = False
     matrix: ClassVar[bool] = False
+    permutes: ClassVar[bool] = False
+    flips: ClassVar[bool] = False
+    one_sided: ClassVar[bool] = False
+    self_dual: ClassVar[bool] = False
+    additive: ClassVar[bool] = False
 
     # -- description -----------------------------------------------------
     def symbol(self, group: Group) -> str:

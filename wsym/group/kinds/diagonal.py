@@ -38,6 +38,7 @@ class Sign(Kind):
 
     name = "sign"
     diagonal = True
+    flips = True
 
     def symbol(self, group: Group) -> str:
         """``Z2^n``."""
@@ -69,6 +70,7 @@ class Scaling(Sign):
 
     name = "scaling"
     continuous = True
+    flips = False
 
     def symbol(self, group: Group) -> str:
         """``(R+)^n``."""
@@ -122,6 +124,7 @@ class NormScaling(Scaling):
     """``(R+)^n`` on the weights feeding a BatchNorm, with its running statistics and weight."""
 
     name = "norm_scaling"
+    one_sided = True
 
     def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
         """Scale, then correct the BatchNorm weights (factors from the running var before)."""

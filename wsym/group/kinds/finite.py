@@ -26,6 +26,7 @@ class Permutation(Kind):
     """``S_n``: reorder the units (hidden neurons, channels, heads, the residual stream)."""
 
     name = "permutation"
+    permutes = True
 
     def symbol(self, group: Group) -> str:
         """``S_n``."""

@@ -122,6 +122,7 @@ class Orthogonal(GL):
     """``O(h)`` (``SO(h)`` when ``special``) per index: rotations of a block."""
 
     name = "orthogonal"
+    self_dual = True
 
     def symbol(self, group: Group) -> str:
         """``O(h)`` or ``SO(h)``."""

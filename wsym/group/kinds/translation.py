@@ -33,6 +33,7 @@ class Translation(Kind):
 
     name = "translation"
     continuous = True
+    additive = True
 
     def symbol(self, group: Group) -> str:
         """``R^n``."""
