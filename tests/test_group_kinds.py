@@ -9,6 +9,8 @@ import legacy_act
 import pytest
 import torch
 from cases import CASES
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wsym.group.elements import GroupElement, act, sample
 from wsym.group.kinds import KIND_CLASSES, kind_of, kinds_where
@@ -88,3 +90,50 @@ def test_kind_table():
     assert set(kinds_where(matrix=True)) == {"gl", "orthogonal"}
     with pytest.raises(ValueError, match="unknown group kind"):
         kind_of("rotation")
+
+
+LAWS = ["mlp-relu", "residual-cnn", "tiny-transformer", "tiny-transformer-rotary", "radial"]
+
+
+def _close(a: dict, b: dict, tol=1e-9) -> bool:
+    return all(
+        torch.allclose(a[k], b[k], rtol=tol, atol=tol) for k in a if a[k].is_floating_point()
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(LAWS), s1=st.integers(0, 10**6), s2=st.integers(0, 10**6))
+def test_action_is_a_group_action_for_all_elements(detected, name, s1, s2):
+    model, _, spec = detected(name)
+    sd = _state(model)
+    a, b = sample(spec, seed=s1, scale=(0.3, 3)), sample(spec, seed=s2, scale=(0.3, 3))
+    kinds = [kind_of(spec.groups[i]) for i, _ in a.components]
+    ab = GroupElement(
+        tuple(
+            (i, k.compose(spec.groups[i], va, vb))
+            for k, (i, va), (_, vb) in zip(kinds, a.components, b.components, strict=True)
+        )
+    )
+    # components of different groups need not commute: compose group by group, one at a time
+    for (i, va), (_, vb), (_, vab) in zip(a.components, b.components, ab.components, strict=True):
+        one = act(spec, GroupElement(((i, vab),)), sd)
+        two = act(spec, GroupElement(((i, va),)), act(spec, GroupElement(((i, vb),)), sd))
+        assert _close(one, two), spec.groups[i].kind
+    assert _close(act(spec, a.inverse(), act(spec, a, sd)), sd)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(LAWS), seed=st.integers(0, 10**6), s=st.floats(-1, 1))
+def test_exp_is_a_one_parameter_subgroup(detected, name, seed, s):
+    from wsym.group.generators import continuous_groups
+
+    _, _, spec = detected(name)
+    gen = torch.Generator().manual_seed(seed)
+    for g in continuous_groups(spec):
+        a = 0.5 * torch.randn(g.shape, generator=gen, dtype=torch.float64)
+        whole = g.exp((s + 0.25) * a)
+        parts = g.kind.compose(g.group, g.exp(s * a), g.exp(0.25 * a))
+        assert torch.allclose(whole, parts, rtol=1e-10, atol=1e-12), g.group.kind
+        assert torch.allclose(
+            g.kind.compose(g.group, g.exp(a), g.exp(-a)), g.exp(0 * a), atol=1e-12
+        ), g.group.kind
