@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from wsym.group.elements import GroupElement, act
-from wsym.group.generators import continuous_groups, vertical
+from wsym.group.generators import continuous_groups, vertical, vertical_adjoint
 
 NAMES = [
     "mlp-relu",
@@ -95,6 +95,10 @@ def test_vertical_sums_the_groups(detected):
     for key, v in total.items():
         parts = [g.apply(state, coeffs[g.index]).get(key) for g in groups]
         assert torch.allclose(v, sum(p for p in parts if p is not None))
+    y = {k: torch.randn_like(v) for k, v in total.items()}
+    back = vertical_adjoint(spec, state, y)
+    lhs = sum(float((v * y[k]).sum()) for k, v in total.items())
+    assert abs(lhs - sum(float((coeffs[i] * b).sum()) for i, b in back.items())) < 1e-10
     with pytest.raises(TypeError, match="finite"):
         from wsym.group.kinds import kind_of
 

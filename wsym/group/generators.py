@@ -109,3 +109,8 @@ def vertical(spec: SymmetrySpec, state: dict, coefficients: dict[int, Tensor]) -
         for key, v in kind_of(group).generator(spec, group, state, a).items():
             out[key] = out[key] + v if key in out else v
     return out
+
+
+def vertical_adjoint(spec: SymmetrySpec, state: dict, y: dict) -> dict[int, Tensor]:
+    """``{group index: J_i^T y}`` over every continuous group (adjoint of :func:`vertical`)."""
+    return {g.index: g.adjoint(state, y) for g in continuous_groups(spec)}

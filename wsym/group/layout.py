@@ -111,6 +111,15 @@ def blocks_of(spec: SymmetrySpec, key: str, t: Tensor) -> list[tuple[Tensor, lis
     return [(flat[idx], lv) for idx, lv in plan]
 
 
+def block_at(spec: SymmetrySpec, key: str, t: Tensor, b: int) -> tuple[Tensor, list[Leaf]]:
+    """Block number ``b`` of :func:`blocks_of` (only that one is read)."""
+    plan = block_plan(spec, key)
+    if isinstance(plan, tuple):
+        return t.reshape(plan[0]), list(plan[1])
+    idx, lv = plan[b]
+    return t.reshape(-1)[idx], lv
+
+
 def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn) -> Tensor:
     """:func:`transform` of ``t = state_dict[key]`` along the spec's layout, from its plan."""
     plan = block_plan(spec, key)
@@ -181,7 +190,7 @@ def gather(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]
     parts: dict[int, list] = {0: [], 1: []}
     for p, b, part, src in derived(spec, ("slots", group), lambda: _slots(spec, group)):
         if p in tensors:
-            block = blocks_of(spec, p, tensors[p])[b][0]
+            block = block_at(spec, p, tensors[p], b)[0]
             parts[part].append(_moved(block, src, diagonal, group.size))
     return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
 
