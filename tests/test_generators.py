@@ -67,6 +67,7 @@ def test_generators_are_the_derivative_of_the_action(detected, name):
         a = torch.randn(g.shape, generator=gen, dtype=torch.float64)
         tangent = g.apply(state, a)
         keys = sorted(tangent)
+        assert set(keys) == set(g.keys)
         assert any(float(v.abs().max()) > 0 for v in tangent.values()), g.group.kind
         f = _moved(spec, g, state, keys)
         zero = torch.zeros(g.shape, dtype=torch.float64)

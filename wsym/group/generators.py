@@ -21,6 +21,10 @@ orthogonal          ``matrix_exp(t A)``   as gl with ``A = (a - a^T)/2``
 translation         ``t a``               ``mask * a`` (``a`` everywhere if uniform)
 ==================  ====================  ===========================================
 
+For a GL block ``(G, H)`` (parity-0 rows ``G``, parity-1 rows ``H``) this is
+``(G a, -H a^T)``: Hide & Seek's vertical space ``{(-G Omega, H Omega^T)}`` with
+``a = -Omega``.
+
 ``J a`` covers every tensor the group moves, buffers included (a norm_scaling
 group moves running statistics and corrects a BatchNorm weight by its running
 variance, so ``state`` must hold the buffers); drop the buffer keys
@@ -68,6 +72,14 @@ class Generators:
     index: int
     group: Group
     kind: Kind
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The state-dict keys ``J a`` has (buffers included; see the module doc)."""
+        g = self.group
+        moved = [*g.params, *(w for w, _, _, _ in g.corrections)]
+        moved += [p for p, _ in self.kind.extra_axes(g)]
+        return tuple(dict.fromkeys(moved))
 
     @property
     def shape(self) -> tuple[int, ...]:
