@@ -214,7 +214,7 @@ def weight_matching(
 
     Example:
         >>> import torch, wsym
-        >>> from wsym.act import act, GroupElement
+        >>> from wsym.group.elements import act, GroupElement
         >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
         >>> spec = wsym.detect(mlp, torch.randn(2, 3))
         >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
