@@ -5,6 +5,8 @@ dicts as the frozen pre-redesign implementation (:mod:`legacy_act`); compose and
 inverse obey the group laws on every kind.
 """
 
+import copy
+
 import legacy_act
 import pytest
 import torch
@@ -137,3 +139,11 @@ def test_exp_is_a_one_parameter_subgroup(detected, name, seed, s):
         assert torch.allclose(
             g.kind.compose(g.group, g.exp(a), g.exp(-a)), g.exp(0 * a), atol=1e-12
         ), g.group.kind
+
+
+def test_act_keeps_the_state_dicts_metadata(detected):
+    model, _, spec = detected("mlp-relu")
+    sd = model.state_dict()
+    moved = act(spec, sample(spec, seed=0), sd)
+    assert moved._metadata == sd._metadata
+    copy.deepcopy(model).load_state_dict(moved)  # a copy: the registry's model stays as it is

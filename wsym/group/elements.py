@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -87,10 +88,14 @@ def sample(
 def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
     """``g . state_dict``: a new state dict that computes the same function.
 
-    Entries the spec does not describe are copied unchanged.
+    Entries the spec does not describe are copied unchanged, and so is the state
+    dict's ``_metadata`` (module versions that ``load_state_dict`` reads: torchvision's
+    MNASNet refuses a state dict without it).
     """
     _check_state(spec, g, state_dict, spec.layout)
-    out = dict(state_dict)
+    out = OrderedDict(state_dict)
+    if hasattr(state_dict, "_metadata"):
+        out._metadata = state_dict._metadata
     for i, value, inverted in g.parts():
         group = spec.groups[i]
         kind = kind_of(group)
