@@ -71,6 +71,16 @@ def test_compose_and_inverse_obey_the_group_laws(detected, name):
                 assert torch.allclose(back[k], sd[k], rtol=1e-10, atol=1e-12), (group.kind, k)
 
 
+@pytest.mark.parametrize("name", ["tiny-transformer", "tiny-transformer-rotary", "residual-cnn"])
+def test_identity_acts_as_the_identity(detected, name):
+    model, _, spec = detected(name)
+    sd = _state(model)
+    ident = GroupElement(
+        tuple((i, kind_of(g).identity(spec, g)) for i, g in enumerate(spec.groups))
+    )
+    assert _close(act(spec, ident, sd), sd, tol=1e-14)
+
+
 def test_kind_table():
     assert set(KIND_CLASSES) == {
         "permutation",

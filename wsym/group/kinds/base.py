@@ -90,6 +90,11 @@ class Kind:
         """The value acting as ``b`` first, then ``a``."""
         raise NotImplementedError
 
+    def identity(self, spec: SymmetrySpec, group: Group):
+        """The identity value (continuous kinds: ``exp(0)``)."""
+        zero = torch.zeros(self.coefficient_shape(spec, group), dtype=torch.float64)
+        return self.exp(group, zero)
+
     def block_fn(self, group: Group, value):
         """``fn(block, leaves) -> block``: the exact action on one leaf-level block."""
         raise NotImplementedError

@@ -52,6 +52,10 @@ class Sign(Kind):
             signs[torch.randint(0, n, (1,), generator=gen)] = -1
         return signs
 
+    def identity(self, spec: SymmetrySpec, group: Group):
+        """All ones."""
+        return torch.ones(group.size, dtype=torch.float64)
+
     def inverse(self, group: Group, value):
         """A sign vector is its own inverse."""
         return value

@@ -41,6 +41,10 @@ class Permutation(Kind):
         cycle[perm] = perm.roll(-1)
         return cycle
 
+    def identity(self, spec: SymmetrySpec, group: Group):
+        """``arange(n)``."""
+        return torch.arange(group.size)
+
     def inverse(self, group: Group, value):
         """``argsort(perm)``."""
         return torch.argsort(value)
