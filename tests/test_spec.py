@@ -151,3 +151,17 @@ def test_verification_elements_move_every_unit(spec_and_model):
             sample(spec, seed=seed, groups=[perm, sign], moving=True, flip=True).components
         )
         assert torch.equal(flipped[sign], -g[sign])
+
+
+def test_spec_is_a_value_nothing_writes_into(spec_and_model):
+    import dataclasses
+
+    spec, model, _ = spec_and_model
+    fields = {f.name for f in dataclasses.fields(spec)}
+    sd = {k: v.double() for k, v in model.state_dict().items()}
+    wsym.canonicalize(spec.act(spec.sample(seed=0), sd), spec)
+    assert set(spec.__dict__) == fields  # memos live beside the spec, not in it
+    assert hash(spec) == hash(SymmetrySpec.from_json(spec.to_json()))
+    assert spec.graph is not None and "graph" not in fields
+    again = dataclasses.replace(spec)
+    assert again == spec and again.graph is None  # the graph is beside the value, not part of it

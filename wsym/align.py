@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import torch
 
-from wsym.act import GroupElement, act
 from wsym.assignment import assignment
 from wsym.canon import canonical_element
 from wsym.errors import WsymInputError
+from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of, kinds_where
+from wsym.group.spec import SymmetrySpec
 from wsym.matching import procrustes, weight_matching
-from wsym.spec import SymmetrySpec
 
-# Canonicalized before matching. Sign conventions read off two different networks need
-# not agree unit by unit, so weight matching also matches signs (signed units).
-NO_PERMUTATION = ("norm_scaling", "scaling", "gl", "orthogonal", "translation", "sign")
+# Canonicalized before matching: every kind but the permutations. Sign conventions read off
+# two different networks need not agree unit by unit, so weight matching also matches signs
+# (signed units).
+NO_PERMUTATION = kinds_where(permutes=False)
 # Balancing sweeps stop when a sweep moves less than this (canonical forms then agree to about
 # 1e-11 relative, far below what the matching scores resolve; 15-20% fewer sweeps than the
 # 1e-12 of wsym.canonicalize). Each checkpoint only moves inside its orbit, whatever the tol.
@@ -128,7 +130,7 @@ def activation_matching(
     sites: dict[int, list] = {}
     for c, node, d in spec.sites:
         sites.setdefault(c, []).append((node, d))
-    groups = {i: g for i, g in enumerate(spec.groups) if g.kind == "permutation" and g.cls in sites}
+    groups = {i: g for i, g in enumerate(spec.groups) if kind_of(g).permutes and g.cls in sites}
     if not groups:
         return [], set()
     wanted = {s for g in groups.values() for s in sites[g.cls]}
@@ -153,7 +155,7 @@ def _sign_affected(spec: SymmetrySpec, model, ref: dict, batches, classes, acts_
     """Sites whose activations change when every sign group of their class flips half its units."""
     comps = []
     for i, g in enumerate(spec.groups):
-        if g.kind == "sign" and g.cls in classes:
+        if kind_of(g).flips and g.cls in classes:
             comps.append((i, torch.where(torch.arange(g.size) % 2 == 0, -1.0, 1.0).double()))
     if not comps:
         return set()

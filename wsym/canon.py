@@ -24,11 +24,15 @@ import warnings
 
 import torch
 
-from wsym.act import GroupElement, act, derived
-from wsym.spec import SymmetrySpec
-from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix, unit_sums
+from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of, kinds_where
+from wsym.group.memo import derived
+from wsym.group.spec import SymmetrySpec
+from wsym.group.units import block_classes, block_matrices, odd_rows, unit_matrix, unit_sums
 
+# The continuous kinds, in the order each sweep balances them.
 CONTINUOUS = ("norm_scaling", "scaling", "gl", "orthogonal", "translation")
+assert set(CONTINUOUS) == set(kinds_where(continuous=True))
 # Balancing sweeps over-relax scaling steps (s**omega instead of s; successive
 # over-relaxation): the fixed point is the same, and coupled layers converge in about 2/3
 # of the sweeps (trained pairs of benchmarks/alignment.py: MLP 13 instead of 21, BatchNorm
@@ -91,17 +95,12 @@ def canonical_element(
             break
     for i, value in _discrete_conventions(spec, kinds, lambda: work):
         apply(i, value)
-    if "permutation" in kinds:
-        for i, g in enumerate(spec.groups):
-            if g.kind == "permutation":
-                perm = _order(unit_matrix(spec, work, g.cls))
-                if (perm != torch.arange(len(perm))).any():
-                    apply(i, perm)
+    for i, g in enumerate(spec.groups):
+        if g.kind in kinds and kind_of(g).permutes:
+            perm = _order(unit_matrix(spec, work, g.cls))
+            if (perm != torch.arange(len(perm))).any():
+                apply(i, perm)
     return work, GroupElement(tuple(comps))
-
-
-DIAGONAL = ("scaling", "norm_scaling", "sign")
-LINEAR = (*DIAGONAL, "gl", "orthogonal")
 
 
 def _record(spec: SymmetrySpec, comps: list, i: int, value) -> None:
@@ -114,12 +113,13 @@ def _record(spec: SymmetrySpec, comps: list, i: int, value) -> None:
     shorter to apply and to invert: one component per group instead of one
     per sweep.
     """
-    kind = spec.groups[i].kind
-    if kind in ("scaling", "norm_scaling", "gl", "orthogonal"):
+    group = spec.groups[i]
+    kind = kind_of(group)
+    if kind.continuous and _linear(kind):
         for j in range(len(comps) - 1, -1, -1):
             k, old = comps[j]
             if k == i:  # x -> x M_old -> x M_old M_new on the class axis; scales multiply
-                comps[j] = (i, old @ value if kind in ("gl", "orthogonal") else old * value)
+                comps[j] = (i, kind.compose(group, value, old))
                 return
             if not derived(spec, ("commute", i, k), lambda k=k: _commute(spec, i, k)):
                 break
@@ -141,23 +141,29 @@ def _commute(spec: SymmetrySpec, i: int, k: int) -> bool:
         return False
     if not writes_a & writes_b:
         return True
-    if a.kind in DIAGONAL and b.kind in DIAGONAL:
+    ka, kb = kind_of(a), kind_of(b)
+    if ka.diagonal and kb.diagonal:
         return True
-    return a.kind in LINEAR and b.kind in LINEAR and a.cls != b.cls
+    return _linear(ka) and _linear(kb) and a.cls != b.cls
+
+
+def _linear(kind) -> bool:
+    """Diagonal or matrix kinds: linear actions on the class axes."""
+    return kind.diagonal or kind.matrix
 
 
 def _writes(g) -> set:
     keys = set(g.params) | {w for w, _, _, _ in g.corrections}
-    return keys | ({g.target[0]} if g.kind == "translation" else set())
+    return keys | {p for p, _ in kind_of(g).extra_axes(g)}
 
 
 def _warn_degenerate(spec: SymmetrySpec, sd: dict, order) -> None:
     """GL/orthogonal blocks with fewer rows than their size have no unique canonical form."""
     for i in order:
         g = spec.groups[i]
-        if g.kind in ("gl", "orthogonal"):
+        if kind_of(g).matrix:
             mats = block_matrices(spec, sd, g)
-            sides = 2 if g.kind == "gl" else 1
+            sides = 1 if kind_of(g).self_dual else 2  # GL needs both factors
             if len(mats) < sides or any(m.shape[-2] < g.size for m in mats.values()):
                 warnings.warn(
                     f"{g.notation} on {', '.join(g.params[:2])} has fewer rows than its size: "
@@ -177,7 +183,7 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
     todo = [
         i
         for i, g in enumerate(spec.groups)
-        if g.kind in ("sign", "gl", "orthogonal") and g.kind in kinds
+        if (kind_of(g).flips or kind_of(g).matrix) and g.kind in kinds
     ]
     while todo:
         pending = {spec.groups[i].cls for i in todo}
@@ -193,7 +199,7 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
             ready = todo[0]
         todo.remove(ready)
         g = spec.groups[ready]
-        if g.kind == "sign":
+        if kind_of(g).flips:
             rows = odd_rows(spec, state(), g, pending - {g.cls})
             rows = rows if rows is not None else odd_rows(spec, state(), g)
             value = _column_signs(rows.transpose(0, 1))
@@ -208,18 +214,19 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
 def _continuous(spec: SymmetrySpec, sd: dict, i: int) -> tuple[object, float]:
     """The canonicalizing value of continuous group ``i`` and how far it is from identity."""
     g = spec.groups[i]
-    if g.kind in ("scaling", "norm_scaling"):
-        s = _balance(unit_sums(spec, sd, g), normalize=g.kind == "norm_scaling")
+    kind = kind_of(g)
+    if kind.diagonal:
+        s = _balance(unit_sums(spec, sd, g), normalize=kind.one_sided)
         return s, float(s.log().abs().max())
-    if g.kind == "translation":
+    if kind.additive:
         key, _, mode = g.target
         c = -sd[key].mean() if mode == "uniform" else -sd[key]
         ref = sd[key].abs().max().clamp_min(1e-300)
         return c, float(_translated(spec, g, sd, c).abs().max() / ref)
     m = (
-        _gl(block_matrices(spec, sd, g))
-        if g.kind == "gl"
-        else _principal(block_matrices(spec, sd, g), g.special)
+        _principal(block_matrices(spec, sd, g), g.special)
+        if kind.self_dual
+        else _gl(block_matrices(spec, sd, g))
     )
     eye = torch.eye(g.size, dtype=m.dtype)
     return m, float((m - eye).abs().max())

@@ -35,10 +35,11 @@ from dataclasses import dataclass
 
 import torch
 
-from wsym.act import GroupElement, act
 from wsym.assignment import assignment
-from wsym.spec import SymmetrySpec
-from wsym.units import block_classes, block_matrices, odd_rows, unit_matrix
+from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of
+from wsym.group.spec import SymmetrySpec
+from wsym.group.units import block_classes, block_matrices, odd_rows, unit_matrix
 
 ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
 
@@ -65,15 +66,13 @@ class ClassPlan:
 def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
     """One :class:`ClassPlan` per permutation group (all, or those in ``groups``)."""
     if groups is None:
-        groups = [i for i, g in enumerate(spec.groups) if g.kind == "permutation"]
+        groups = [i for i, g in enumerate(spec.groups) if kind_of(g).permutes]
     out = []
     for i in groups:
         cls = spec.groups[i].cls
-        signs = tuple(j for j, g in enumerate(spec.groups) if g.kind == "sign" and g.cls == cls)
+        signs = tuple(j for j, g in enumerate(spec.groups) if kind_of(g).flips and g.cls == cls)
         blocks = tuple(
-            j
-            for j, g in enumerate(spec.groups)
-            if g.kind in ("gl", "orthogonal") and g.index == (cls,)
+            j for j, g in enumerate(spec.groups) if kind_of(g).matrix and g.index == (cls,)
         )
         coupled = frozenset(block_classes(spec, spec.groups[i], itself=True))
         out.append(ClassPlan(i, signs, blocks, coupled, i in fixed))
@@ -215,7 +214,7 @@ def weight_matching(
 
     Example:
         >>> import torch, wsym
-        >>> from wsym.act import act, GroupElement
+        >>> from wsym.group.elements import act, GroupElement
         >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
         >>> spec = wsym.detect(mlp, torch.randn(2, 3))
         >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
@@ -274,7 +273,7 @@ def procrustes(
     """
     comps = []
     for i, g in enumerate(spec.groups):
-        if g.kind not in ("gl", "orthogonal"):
+        if not kind_of(g).matrix:
             continue
         mats_ref, mats_other = block_matrices(spec, ref, g), block_matrices(spec, other, g)
         if not mats_ref:

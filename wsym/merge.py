@@ -8,7 +8,7 @@ import torch
 
 from wsym.align import align, check_same_architecture
 from wsym.graph.trace import model_inputs
-from wsym.spec import SymmetrySpec
+from wsym.group.spec import SymmetrySpec
 
 
 def merge(

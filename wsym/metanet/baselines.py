@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
+from wsym.group.spec import SymmetrySpec
 from wsym.metanet.fit import fit
 from wsym.metanet.graph import GraphSchema
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.metanet.statistics import tensor_statistics, train_vector_model
-from wsym.spec import SymmetrySpec
 
 
 class Metanet:
@@ -189,7 +189,7 @@ def nfn_layers(spec: SymmetrySpec) -> list[tuple[str, str]] | None:
         return None
 
     def cls(p, d):
-        from wsym.spec import leaves
+        from wsym.group.spec import leaves
 
         lv = leaves(layout[p][d])
         return lv[0].cls if len(lv) == 1 else None

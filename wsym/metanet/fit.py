@@ -31,12 +31,12 @@ from torch import nn
 
 from wsym.detect import spec_or_detect
 from wsym.errors import WsymInputError
+from wsym.group.spec import SymmetrySpec
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.layers import log_beyond, stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.metanet.statistics import train_vector_model
-from wsym.spec import SymmetrySpec
 
 #: Weights of the boosted trees tried against the perceptrons (chosen on validation).
 BLENDS = (0.0, 0.25, 0.5, 0.75, 1.0)

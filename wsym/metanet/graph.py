@@ -51,8 +51,9 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from wsym.errors import WsymInputError
+from wsym.group.kinds import kind_of
+from wsym.group.spec import Leaf, SymmetrySpec, leaves
 from wsym.metanet.statistics import statistic_width, tensor_features
-from wsym.spec import Leaf, SymmetrySpec, leaves
 
 
 def axis_entries(tree) -> list[tuple[tuple[int, int], ...]]:
@@ -93,7 +94,7 @@ class GraphSchema:
     """
 
     def __init__(self, spec: SymmetrySpec):
-        permuted = {g.cls for g in spec.groups if g.kind == "permutation"}
+        permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
         aliases = {a for a, _ in spec.aliases}
         self.spec = spec
         self.permuted = permuted

@@ -26,12 +26,13 @@ from __future__ import annotations
 import torch
 
 from wsym.canon import canonical_element
-from wsym.spec import SymmetrySpec
+from wsym.group.kinds import kind_of
+from wsym.group.spec import SymmetrySpec
 
 
 def continuous_kinds(spec: SymmetrySpec) -> list[str]:
     """Kinds of ``spec`` other than permutation (those canonicalized before the graph)."""
-    return sorted({g.kind for g in spec.groups if g.kind != "permutation"})
+    return sorted({g.kind for g in spec.groups if not kind_of(g).permutes})
 
 
 def invariant_form(state_dict: dict, spec: SymmetrySpec) -> dict[str, torch.Tensor]:

@@ -22,10 +22,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from wsym.errors import WsymInputError
+from wsym.group.spec import SymmetrySpec
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import WeightGraphNet
-from wsym.spec import SymmetrySpec
 
 META_KEY = "wsym.metanet"
 FORMAT = 3  # 2: per-tensor statistics in the readout; 3: statistics branch

@@ -1,0 +1,122 @@
+"""Group elements: sampling, inversion and exact action on state dicts.
+
+An element is an ordered list of components ``(group index, value)``; acting
+applies them in order, the inverse applies the inverted components in reverse
+order, so ``act(inverse(g), act(g, sd)) == sd`` up to round-off for every spec.
+What a component means is its kind's (:mod:`wsym.group.kinds`).
+
+Example:
+    >>> import torch, wsym
+    >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+    >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+    >>> g = sample(spec, seed=0)
+    >>> back = act(spec, g.inverse(), act(spec, g, sd))
+    >>> all(torch.allclose(back[k], sd[k]) for k in sd)
+    True
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from wsym.errors import WsymInputError
+from wsym.group.kinds import kind_of
+from wsym.group.spec import SymmetrySpec
+
+
+@dataclass(frozen=True)
+class GroupElement:
+    """An element of the product group, as ordered components ``(group index, value)``."""
+
+    components: tuple[tuple[int, object], ...]
+    inverted: tuple[bool, ...] = ()
+
+    def inverse(self) -> GroupElement:
+        """The inverse element."""
+        inv = self.inverted or (False,) * len(self.components)
+        return GroupElement(tuple(reversed(self.components)), tuple(not f for f in reversed(inv)))
+
+    def parts(self):
+        """``(group index, value, inverted)`` in the order they act."""
+        inv = self.inverted or (False,) * len(self.components)
+        return [(i, v, f) for (i, v), f in zip(self.components, inv, strict=True)]
+
+
+def sample_group(
+    spec: SymmetrySpec, i: int, gen: torch.Generator, scale=(1e-2, 1e2), moving: bool = False
+):
+    """A random value for group ``i`` (uniform permutations, log-uniform scales).
+
+    With ``moving`` (for verification), permutations are random n-cycles, so that
+    every unit moves, and sign vectors flip at least one unit.
+    """
+    g = spec.groups[i]
+    return kind_of(g).sample(spec, g, gen, scale, moving)
+
+
+def sample(
+    spec: SymmetrySpec,
+    seed: int = 0,
+    scale=(1e-2, 1e2),
+    kinds=None,
+    groups=None,
+    moving: bool = False,
+    flip: bool = False,
+) -> GroupElement:
+    """A random element of the product of ``spec``'s groups (or of ``kinds``/``groups`` only).
+
+    ``moving`` and ``flip`` serve verification: every unit of a permutation
+    moves, and ``flip`` negates the sign vectors, so that the elements drawn with
+    one seed with and without it flip every unit once between them.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    chosen = range(len(spec.groups)) if groups is None else groups
+    comps = []
+    for i in chosen:
+        if kinds is None or spec.groups[i].kind in kinds:
+            value = sample_group(spec, i, gen, scale, moving)
+            if flip and kind_of(spec.groups[i]).flips:
+                value = -value
+            comps.append((i, value))
+    return GroupElement(tuple(comps))
+
+
+def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
+    """``g . state_dict``: a new state dict that computes the same function.
+
+    Entries the spec does not describe are copied unchanged, and so is the state
+    dict's ``_metadata`` (module versions that ``load_state_dict`` reads: torchvision's
+    MNASNet refuses a state dict without it).
+    """
+    _check_state(spec, g, state_dict, spec.layout)
+    out = OrderedDict(state_dict)
+    if hasattr(state_dict, "_metadata"):
+        out._metadata = state_dict._metadata
+    for i, value, inverted in g.parts():
+        group = spec.groups[i]
+        kind = kind_of(group)
+        out.update(kind.act(spec, group, kind.inverse(group, value) if inverted else value, out))
+    for alias, key in spec.aliases:
+        out[alias] = out[key]
+    return out
+
+
+def _check_state(spec: SymmetrySpec, g: GroupElement, state_dict: dict, layout: dict) -> None:
+    """One-line errors for state dicts that do not fit the spec."""
+    for i, _ in g.components:
+        for key in spec.groups[i].params:
+            if key not in state_dict:
+                raise WsymInputError(
+                    f"the state dict has no entry {key!r} that the spec acts on; "
+                    "pass a state dict of the architecture the spec was detected on"
+                )
+            expected = tuple(t.size for t in layout[key])
+            if tuple(state_dict[key].shape) != expected:
+                raise WsymInputError(
+                    f"{key} has shape {tuple(state_dict[key].shape)}, the spec expects {expected}; "
+                    "pass a state dict of the architecture the spec was detected on"
+                )

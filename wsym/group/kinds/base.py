@@ -1,0 +1,156 @@
+"""The base class of the symmetry kinds: what every consumer may ask of a group.
+
+A :class:`Kind` is stateless; it reads the :class:`~wsym.group.spec.Group` (and
+the spec, for layouts) it is handed. A group's *value* is one element of it
+(a permutation, a scale vector, a matrix per index, a translation);
+:meth:`Kind.act` applies one value to the tensors the group moves,
+:meth:`Kind.inverse` and :meth:`Kind.compose` are the group laws, with
+``act(compose(a, b)) == act(a) after act(b)``.
+
+Continuous kinds also give their infinitesimal action. With a coefficient
+``a`` of shape :meth:`Kind.coefficient_shape` and the one-parameter subgroup
+``t -> exp(t a)`` (:meth:`Kind.exp`), the *generator* at a point theta is the
+tangent vector ``J a = d/dt (exp(t a) . theta)`` at ``t = 0`` (a vertical
+vector), and :meth:`Kind.generator_adjoint` is its Euclidean adjoint
+``J^T y`` (``<J a, y> = <a, J^T y>``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from wsym.group.layout import map_blocks
+from wsym.group.spec import Group, SymmetrySpec, leaves
+
+
+class Kind:
+    """One kind of symmetry group (subclasses: one per kind).
+
+    Attributes:
+        name: the kind's name, as in :data:`wsym.group.spec.KINDS`.
+        continuous: a Lie group of positive dimension (else finite).
+        diagonal: acts by multiplying each entry by a per-unit factor (``s**e``).
+        matrix: acts by one matrix per index on the class axis (``x M`` / ``x M^-T``).
+        permutes: reorders the units of its class.
+        flips: a finite diagonal kind (factors +-1).
+        one_sided: a diagonal kind acting on one side of its units only (every
+            exponent positive: the weights feeding a normalization), so that
+            its orbits hold every norm.
+        self_dual: a matrix kind with ``M^-T = M`` (orthogonal): both parities
+            transform alike.
+        additive: acts by adding a constant (translations).
+    """
+
+    name: ClassVar[str] = ""
+    continuous: ClassVar[bool] = False
+    diagonal: ClassVar[bool] = False
+    matrix: ClassVar[bool] = False
+    permutes: ClassVar[bool] = False
+    flips: ClassVar[bool] = False
+    one_sided: ClassVar[bool] = False
+    self_dual: ClassVar[bool] = False
+    additive: ClassVar[bool] = False
+
+    # -- description -----------------------------------------------------
+    def symbol(self, group: Group) -> str:
+        """The group of one copy in the usual notation, e.g. ``GL(4)``."""
+        raise NotImplementedError
+
+    def notation(self, group: Group) -> str:
+        """The whole group, e.g. ``GL(4)^2`` for two copies."""
+        base = self.symbol(group)
+        return f"{base}^{group.count}" if group.count > 1 else base
+
+    def copy_dimension(self, h: int) -> int:
+        """Dimension of one copy acting on ``h`` units (0 for finite groups)."""
+        return 0
+
+    def dimension(self, group: Group) -> int:
+        """Dimension of the group (0 for finite groups)."""
+        return self.copy_dimension(group.size) * group.count
+
+    def extra_axes(self, group: Group) -> list[tuple[str, int]]:
+        """(param, dim) pairs the group moves outside its class (translations)."""
+        return []
+
+    # -- elements --------------------------------------------------------
+    def sample(self, spec: SymmetrySpec, group: Group, gen, scale=(1e-2, 1e2), moving=False):
+        """A random value (uniform permutations, log-uniform scales)."""
+        raise NotImplementedError
+
+    def inverse(self, group: Group, value):
+        """The inverse value."""
+        raise NotImplementedError
+
+    def compose(self, group: Group, a, b):
+        """The value acting as ``b`` first, then ``a``."""
+        raise NotImplementedError
+
+    def identity(self, spec: SymmetrySpec, group: Group):
+        """The identity value (continuous kinds: ``exp(0)``)."""
+        zero = torch.zeros(self.coefficient_shape(spec, group), dtype=torch.float64)
+        return self.exp(group, zero)
+
+    def block_fn(self, group: Group, value):
+        """``fn(block, leaves) -> block``: the exact action on one leaf-level block."""
+        raise NotImplementedError
+
+    def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
+        """The tensors of ``state`` that ``value`` changes, acted on."""
+        fn = self.block_fn(group, value)
+        return {key: map_blocks(spec, key, state[key], fn) for key in group.params}
+
+    # -- infinitesimal action (continuous kinds) -------------------------
+    def coefficient_shape(self, spec: SymmetrySpec, group: Group) -> tuple[int, ...]:
+        """Shape of a Lie-algebra coefficient ``a``."""
+        raise TypeError(f"{self.name} groups are finite: they have no generators")
+
+    def exp(self, group: Group, a: Tensor):
+        """The value ``exp(a)`` of the one-parameter subgroup at ``t = 1``."""
+        raise TypeError(f"{self.name} groups are finite: they have no generators")
+
+    def generator(self, spec: SymmetrySpec, group: Group, state: dict, a: Tensor) -> dict:
+        """``J a = d/dt (exp(t a) . state)`` at ``t = 0``, on every tensor the group moves."""
+        raise TypeError(f"{self.name} groups are finite: they have no generators")
+
+    def generator_adjoint(self, spec: SymmetrySpec, group: Group, state: dict, y: dict) -> Tensor:
+        """``J^T y`` (shape :meth:`coefficient_shape`); keys missing from ``y`` count as zero."""
+        raise TypeError(f"{self.name} groups are finite: they have no generators")
+
+
+def along(vec: Tensor, axis: int, ndim: int) -> Tensor:
+    """``vec`` shaped to broadcast along ``axis`` of an ``ndim``-dimensional tensor."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return vec.reshape(shape)
+
+
+def log_uniform(shape, scale, gen) -> Tensor:
+    """Float64 samples with ``log`` uniform on ``[log scale[0], log scale[1]]``."""
+    lo, hi = math.log(scale[0]), math.log(scale[1])
+    return torch.exp(lo + (hi - lo) * torch.rand(tuple(shape), generator=gen, dtype=torch.float64))
+
+
+def random_orthogonal(shape, n, gen, special: bool = False) -> Tensor:
+    """Haar-random ``(*shape, n, n)`` orthogonal matrices (rotations with ``special``)."""
+    a = torch.randn(*shape, n, n, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(a)
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    if special:  # flip one column where the determinant is -1
+        det = torch.linalg.det(q)
+        q[..., :, 0] = q[..., :, 0] * det.sign().unsqueeze(-1)
+    return q
+
+
+def index_sizes(spec: SymmetrySpec, group: Group) -> list[int]:
+    """Sizes of the group's index classes (one copy per index value)."""
+    sizes = {}
+    for _, dims in spec.layouts:
+        for t in dims:
+            for leaf in leaves(t):
+                sizes[leaf.cls] = leaf.size
+    return [sizes[c] for c in group.index]

@@ -1,0 +1,223 @@
+"""The one block reader: leaf-level blocks of a tensor, and a group's blocks as matrices.
+
+A tensor's layout (one tree per axis, :mod:`wsym.group.spec`) cuts it into
+*leaf-level blocks*: products of axes are viewed apart, concatenations split.
+:func:`transform` visits them (the slow, obvious reference); :func:`block_plan`
+finds them once per spec (one view, or one gather by flat indices) and
+:func:`map_blocks` / :func:`blocks_of` use the plan.
+
+A group's blocks as matrices (:func:`gather`): every block holding the group's
+class axis exactly once, moved to ``(*index, rows, h)`` and concatenated along
+the rows, per part:
+
+* ``gl`` / ``orthogonal`` (``matrix`` kinds): part = the axis's parity (rows
+  transforming as ``x M`` or ``x M^-T``), index = the group's index classes;
+* ``scaling``-type (``diagonal`` kinds), as ``GL(1)`` blocks: part 0 the
+  entries of exponent +1, part 1 those of exponent -1, shape ``(n, rows, 1)``.
+
+:func:`scatter` is its exact inverse on the entries gathered and its adjoint:
+``<gather(x), p> == <x, scatter(p)>``.
+
+Shapes:
+    ``gather``: ``{name: (*shape)}`` -> ``{part: (*index, rows, h)}``;
+    ``scatter``: ``{part: (*index, rows, h)}`` -> ``{name: (*shape)}``.
+
+Example:
+    >>> import torch, wsym
+    >>> from wsym.reference import MLP
+    >>> model = MLP(4, [3], 2, "identity").double()
+    >>> spec = wsym.detect(model, torch.randn(2, 4, dtype=torch.float64))
+    >>> sd = model.state_dict()
+    >>> parts = gather(spec, spec.groups[0], sd)
+    >>> {k: tuple(v.shape) for k, v in parts.items()}
+    {0: (5, 3), 1: (2, 3)}
+    >>> back = scatter(spec, spec.groups[0], parts, sd)
+    >>> all(torch.equal(back[k], sd[k]) for k in back)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from wsym.group.memo import derived
+from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
+
+
+def transform(t: Tensor, trees: list, fn) -> Tensor:
+    """Apply ``fn(block, leaves)`` to every leaf-level block of ``t`` (one tree per axis)."""
+    for i, tree in enumerate(trees):
+        if isinstance(tree, Split) and tree.mode == "prod":
+            sizes = tuple(c.size for c in tree.children)
+            new = t.reshape(t.shape[:i] + sizes + t.shape[i + 1 :])
+            out = transform(new, trees[:i] + list(tree.children) + trees[i + 1 :], fn)
+            return out.reshape(t.shape)
+        if isinstance(tree, Split):
+            parts = torch.split(t, [c.size for c in tree.children], dim=i)
+            return torch.cat(
+                [
+                    transform(p, trees[:i] + [c] + trees[i + 1 :], fn)
+                    for p, c in zip(parts, tree.children, strict=True)
+                ],
+                dim=i,
+            )
+    return fn(t, trees)
+
+
+def block_plan(spec: SymmetrySpec, key: str) -> tuple | list:
+    """How to reach the leaf-level blocks of ``key`` (those :func:`transform` visits), memoized.
+
+    ``(shape, leaves)`` when no axis is a concatenation (one view), else
+    ``[(flat index tensor of the block, leaves)]`` in :func:`transform`'s order.
+    """
+    return derived(spec, ("blocks", key), lambda: _plan(spec.layout[key]))
+
+
+def _plan(trees) -> tuple | list:
+    if not any(isinstance(t, Split) and t.mode == "cat" for tree in trees for t in _nodes(tree)):
+        lv = [leaf for tree in trees for leaf in leaves(tree)]
+        return tuple(leaf.size for leaf in lv), lv
+    numbers = torch.arange(math.prod(t.size for t in trees)).reshape(tuple(t.size for t in trees))
+    return [(idx.clone(), lv) for idx, lv in _grab_blocks(numbers, trees)]
+
+
+def _nodes(tree) -> list:
+    """A layout tree's nodes, the tree first."""
+    return [tree] + (
+        [n for c in tree.children for n in _nodes(c)] if isinstance(tree, Split) else []
+    )
+
+
+def _grab_blocks(t: Tensor, trees) -> list:
+    out = []
+    transform(t, list(trees), lambda block, lv: out.append((block, list(lv))) or block)
+    return out
+
+
+def plan_leaves(plan) -> list[list[Leaf]]:
+    """The leaves of each block of a :func:`block_plan`, in its order."""
+    return [list(plan[1])] if isinstance(plan, tuple) else [list(lv) for _, lv in plan]
+
+
+def blocks_of(spec: SymmetrySpec, key: str, t: Tensor) -> list[tuple[Tensor, list[Leaf]]]:
+    """``[(block, leaves)]``: the leaf-level blocks of ``t = state_dict[key]`` (read only)."""
+    plan = block_plan(spec, key)
+    if isinstance(plan, tuple):
+        return [(t.reshape(plan[0]), list(plan[1]))]
+    flat = t.reshape(-1)
+    return [(flat[idx], lv) for idx, lv in plan]
+
+
+def block_at(spec: SymmetrySpec, key: str, t: Tensor, b: int) -> tuple[Tensor, list[Leaf]]:
+    """Block number ``b`` of :func:`blocks_of` (only that one is read)."""
+    plan = block_plan(spec, key)
+    if isinstance(plan, tuple):
+        return t.reshape(plan[0]), list(plan[1])
+    idx, lv = plan[b]
+    return t.reshape(-1)[idx], lv
+
+
+def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn) -> Tensor:
+    """:func:`transform` of ``t = state_dict[key]`` along the spec's layout, from its plan."""
+    plan = block_plan(spec, key)
+    if isinstance(plan, tuple):
+        shape, lv = plan
+        return fn(t.reshape(shape), list(lv)).reshape(t.shape)
+    flat, out = t.reshape(-1), None
+    for idx, lv in plan:
+        block = fn(flat[idx], lv)
+        if out is None:
+            out = torch.empty(flat.shape, dtype=block.dtype)
+        out[idx.reshape(-1)] = block.reshape(-1)
+    return out.reshape(t.shape)
+
+
+def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:
+    """State-dict keys with an axis in class ``cls`` (parameters only by default)."""
+
+    def compute():
+        skip = set() if with_buffers else set(spec.buffers)
+        return tuple(
+            p
+            for p, dims in spec.layouts
+            if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
+        )
+
+    return list(derived(spec, ("class_params", cls, with_buffers), compute))
+
+
+def _slots(spec: SymmetrySpec, group: Group) -> tuple:
+    """``((param, block number, part, source axes), ...)``: where :func:`gather` reads."""
+    from wsym.group.kinds import kind_of
+
+    diagonal = kind_of(group).diagonal
+    exps = dict(group.exponents)
+    out = []
+    for p in class_params(spec, group.cls):
+        for b, lv in enumerate(plan_leaves(block_plan(spec, p))):
+            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
+            if len(axes) != 1:
+                continue
+            if diagonal:
+                e = exps.get(lv[axes[0]].var, 0)
+                if e in (1, -1):
+                    out.append((p, b, 0 if e == 1 else 1, (axes[0],)))
+                continue
+            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
+            out.append((p, b, lv[axes[0]].parity, (*idx, axes[0])))
+    return tuple(out)
+
+
+def _moved(block: Tensor, src: tuple, diagonal: bool, h: int) -> Tensor:
+    if diagonal:
+        return block.movedim(src[0], 0).reshape(block.shape[src[0]], -1, 1)
+    dst = [*range(len(src) - 1), block.ndim - 1]
+    moved = block.movedim(list(src), dst)
+    return moved.reshape(*moved.shape[: len(src) - 1], -1, h)
+
+
+def gather(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]:
+    """``{part: (*index, rows, h)}``: ``group``'s blocks in ``tensors`` (see the module doc).
+
+    Parameters absent from ``tensors`` are skipped; buffers are never read.
+    """
+    from wsym.group.kinds import kind_of
+
+    diagonal = kind_of(group).diagonal
+    parts: dict[int, list] = {0: [], 1: []}
+    for p, b, part, src in derived(spec, ("slots", group), lambda: _slots(spec, group)):
+        if p in tensors:
+            block = block_at(spec, p, tensors[p], b)[0]
+            parts[part].append(_moved(block, src, diagonal, group.size))
+    return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
+
+
+def scatter(spec: SymmetrySpec, group: Group, parts: dict, like: dict) -> dict[str, Tensor]:
+    """Tensors shaped like ``like``'s (those ``group`` reads) holding ``parts``, zero elsewhere.
+
+    The inverse of :func:`gather` on the entries it reads, and its adjoint.
+    """
+    from wsym.group.kinds import kind_of
+
+    diagonal = kind_of(group).diagonal
+    dtype = next(iter(parts.values())).dtype
+    flat = {p: torch.zeros(like[p].numel(), dtype=dtype) for p in class_params(spec, group.cls)}
+    flat = {p: v for p, v in flat.items() if p in like}
+    offset = {0: 0, 1: 0}
+    for p, b, part, src in derived(spec, ("slots", group), lambda: _slots(spec, group)):
+        if p not in like:
+            continue
+        plan = block_plan(spec, p)
+        shape = plan[0] if isinstance(plan, tuple) else tuple(x.size for x in plan[b][1])
+        numbers = torch.arange(math.prod(shape)).reshape(shape)
+        where = _moved(numbers, src, diagonal, group.size)
+        rows = where.shape[-2]
+        start = offset[part]
+        offset[part] = start + rows
+        values = parts[part][..., start : start + rows, :]
+        target = where if isinstance(plan, tuple) else plan[b][0].reshape(-1)[where]
+        flat[p][target.reshape(-1)] = values.reshape(-1).to(dtype)
+    return {p: v.reshape(like[p].shape) for p, v in flat.items()}

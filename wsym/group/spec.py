@@ -1,0 +1,298 @@
+"""SymmetrySpec: the verified parameter-space symmetries of one architecture.
+
+The spec is a small, immutable, data-free description. Each parameter (and
+buffer) of the state dict has a *layout*: one tree per tensor dimension whose
+leaves are atom classes (``Leaf``), nested as products (``view``) or
+concatenations (slices). Each :class:`Group` acts on one class:
+
+====================  =========================================================
+kind                  action on every leaf of its class (parity p)
+====================  =========================================================
+``permutation``       reorder the axis
+``scaling``           multiply by ``s**e`` (``e`` the leaf's exponent), s > 0
+``sign``              multiply by ``(+-1)**e``
+``norm_scaling``      as scaling, plus BatchNorm weight corrections
+``gl``                ``x -> x M`` (p = 0) or ``x M^-T`` (p = 1), one M per index
+``orthogonal``        as gl with M orthogonal
+``translation``       add a constant to a block of one parameter
+====================  =========================================================
+
+The group -> (parameter, axis) map is stored; the parameter -> groups map is
+derived (:meth:`SymmetrySpec.groups_of`). What each kind means (sampling,
+action, inverse, composition, generators) lives in its class,
+:mod:`wsym.group.kinds`. The spec is an immutable value: memos and the traced
+graph are kept beside it (:mod:`wsym.group.memo`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from wsym.group.memo import attach_graph, graph_of
+
+KINDS = ("permutation", "scaling", "sign", "gl", "orthogonal", "translation", "norm_scaling")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """An atom of a parameter axis: class id, size, parity, occurrence id."""
+
+    cls: int
+    size: int
+    parity: int
+    var: int
+
+
+@dataclass(frozen=True)
+class Split:
+    """A product (``"prod"``) or concatenation (``"cat"``) of sub-axes."""
+
+    mode: str
+    children: tuple
+
+    @property
+    def size(self) -> int:
+        """Number of entries along this axis."""
+        sizes = [c.size for c in self.children]
+        if self.mode == "cat":
+            return sum(sizes)
+        out = 1
+        for s in sizes:
+            out *= s
+        return out
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group factor of the symmetry group.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        size: units the group acts on (gl/orthogonal: the block size h).
+        count: independent copies (e.g. one GL(h) per attention head).
+        params: state-dict keys this group changes.
+        cls: the atom class it acts on (-1 for translations).
+        index: classes whose index selects the copy (gl/orthogonal).
+        exponents: ``(occurrence, exponent)`` pairs (scaling, sign, norm_scaling).
+        corrections: BatchNorm ``(weight, running_var, eps, u)`` (norm_scaling).
+        target: translation ``(param, classes, mode)``; mode "full" or "uniform".
+        special: orthogonal only: determinant +1 (rotations, as for rotary pairs).
+    """
+
+    kind: str
+    size: int
+    count: int
+    params: tuple[str, ...]
+    cls: int = -1
+    index: tuple[int, ...] = ()
+    exponents: tuple[tuple[int, int], ...] = ()
+    corrections: tuple[tuple[str, str, float, int], ...] = ()
+    target: tuple = ()
+    special: bool = False
+
+    @property
+    def notation(self) -> str:
+        """The group in the usual notation, e.g. ``GL(16)^4`` or ``S_128``."""
+        return kind_of(self).notation(self)
+
+    @property
+    def dimension(self) -> int:
+        """Dimension of the group (0 for finite groups)."""
+        return kind_of(self).dimension(self)
+
+    @property
+    def continuous(self) -> bool:
+        """Whether the group is a Lie group of positive dimension (not a finite group)."""
+        return kind_of(self).continuous
+
+
+def _tree_to_json(t):
+    if isinstance(t, Leaf):
+        return ["leaf", t.cls, t.size, t.parity, t.var]
+    return [t.mode, [_tree_to_json(c) for c in t.children]]
+
+
+def _tree_from_json(x):
+    if x[0] == "leaf":
+        return Leaf(*x[1:])
+    return Split(x[0], tuple(_tree_from_json(c) for c in x[1]))
+
+
+def leaves(tree) -> list[Leaf]:
+    """Leaves of a layout tree, in order."""
+    if isinstance(tree, Leaf):
+        return [tree]
+    return [leaf for c in tree.children for leaf in leaves(c)]
+
+
+@dataclass(frozen=True)
+class SymmetrySpec:
+    """Verified parameter-space symmetries of one architecture.
+
+    Attributes:
+        groups: the group factors (their product is the symmetry group found).
+        layouts: ``(param, (tree per dim, ...))`` pairs for every state-dict entry.
+        aliases: ``(alias, param)`` pairs for tied parameters.
+        buffers: state-dict keys that are buffers (running statistics), not parameters.
+        sites: ``(class, node, dim)``: a traced activation whose axis ``dim`` is the class
+            (for activation matching; node names of :func:`wsym.graph.trace`).
+        deviations: verified largest relative output change, per group.
+        warnings: operations that blocked symmetries, candidates dropped.
+    """
+
+    groups: tuple[Group, ...]
+    layouts: tuple[tuple[str, tuple], ...]
+    aliases: tuple[tuple[str, str], ...] = ()
+    buffers: tuple[str, ...] = ()
+    sites: tuple[tuple[int, str, int], ...] = ()
+    deviations: tuple[float, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    # -- beside the value -------------------------------------------------
+    @property
+    def graph(self):
+        """The traced architecture graph (``networkx.DiGraph``) or None.
+
+        It is kept beside the spec (:mod:`wsym.group.memo`), not in it: it is no
+        field, takes no part in equality, hashing or serialization, and setting
+        it leaves the spec's value unchanged.
+        """
+        return graph_of(self)
+
+    @graph.setter
+    def graph(self, value) -> None:
+        attach_graph(self, value)
+
+    # -- derived maps -----------------------------------------------------
+    @property
+    def layout(self) -> dict[str, tuple]:
+        """Param -> tuple of dimension trees."""
+        return dict(self.layouts)
+
+    def axes_of(self, group: Group) -> list[tuple[str, int]]:
+        """(param, dim) pairs a group acts on."""
+        out = []
+        for name, dims in self.layouts:
+            for d, tree in enumerate(dims):
+                if any(leaf.cls == group.cls for leaf in leaves(tree)) and group.cls >= 0:
+                    out.append((name, d))
+        return out + kind_of(group).extra_axes(group)
+
+    def groups_of(self, param: str) -> list[list[int]]:
+        """For each dimension of ``param``, the indices of the groups acting on it."""
+        dims = self.layout[param]
+        out = []
+        for tree in dims:
+            classes = {leaf.cls for leaf in leaves(tree)}
+            out.append([i for i, g in enumerate(self.groups) if g.cls in classes and g.cls >= 0])
+        return out
+
+    def kinds(self) -> dict[str, int]:
+        """Number of groups per kind."""
+        out: dict[str, int] = {}
+        for g in self.groups:
+            out[g.kind] = out.get(g.kind, 0) + 1
+        return out
+
+    # -- actions (implemented in wsym.group.elements) ---------------------
+    def sample(self, seed: int = 0, scale=(1e-2, 1e2), kinds=None):
+        """A random element of the product group (or of the listed ``kinds`` only)."""
+        from wsym.group.elements import sample
+
+        return sample(self, seed=seed, scale=scale, kinds=kinds)
+
+    def act(self, g, state_dict):
+        """The state dict ``g . state_dict``; computes the same function."""
+        from wsym.group.elements import act
+
+        return act(self, g, state_dict)
+
+    def conserved(self, state_dict) -> list:
+        """Per continuous group, its conserved quantity of gradient flow at ``state_dict``.
+
+        See :func:`wsym.group.conserved.conserved`.
+        """
+        from wsym.group.conserved import conserved
+
+        return conserved(self, state_dict)
+
+    def verify(self, model, example_inputs, **kwargs):
+        """Per-group largest relative output deviation under random elements."""
+        from wsym.verify import verify
+
+        return verify(self, model, example_inputs, **kwargs)
+
+    # -- presentation -----------------------------------------------------
+    def table(self) -> str:
+        """A plain-text table: kind, group, size, count, verified deviation, parameters touched."""
+        rows = [("kind", "group", "dev", "parameters")]
+        for i, g in enumerate(self.groups):
+            dev = f"{self.deviations[i]:.1e}" if i < len(self.deviations) else "-"
+            more = f", ... (+{len(g.params) - 3})" if len(g.params) > 3 else ""
+            rows.append((g.kind, g.notation, dev, ", ".join(g.params[:3]) + more))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds().items()))
+        return "\n".join(lines + [f"{len(self.groups)} groups: {summary or 'none'}"])
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_json(self) -> str:
+        """Serialize (the graph is not included)."""
+        return json.dumps(
+            {
+                "version": 1,
+                "groups": [asdict(g) for g in self.groups],
+                "layouts": [[p, [_tree_to_json(t) for t in dims]] for p, dims in self.layouts],
+                "aliases": [list(a) for a in self.aliases],
+                "buffers": list(self.buffers),
+                "sites": [list(x) for x in self.sites],
+                "deviations": list(self.deviations),
+                "warnings": list(self.warnings),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SymmetrySpec:
+        """Inverse of :meth:`to_json`."""
+        d = json.loads(text)
+        groups = tuple(
+            Group(
+                kind=g["kind"],
+                size=g["size"],
+                count=g["count"],
+                params=tuple(g["params"]),
+                cls=g["cls"],
+                index=tuple(g["index"]),
+                exponents=tuple(tuple(e) for e in g["exponents"]),
+                corrections=tuple(tuple(c) for c in g["corrections"]),
+                target=_target_from_json(g["target"]),
+                special=g.get("special", False),
+            )
+            for g in d["groups"]
+        )
+        layouts = tuple((p, tuple(_tree_from_json(t) for t in dims)) for p, dims in d["layouts"])
+        return cls(
+            groups=groups,
+            layouts=layouts,
+            aliases=tuple(tuple(a) for a in d["aliases"]),
+            buffers=tuple(d.get("buffers", ())),
+            sites=tuple(tuple(x) for x in d.get("sites", ())),
+            deviations=tuple(d["deviations"]),
+            warnings=tuple(d["warnings"]),
+        )
+
+
+def kind_of(group: Group):
+    """The :class:`~wsym.group.kinds.Kind` of ``group`` (imported lazily: kinds read specs)."""
+    from wsym.group.kinds import kind_of as _kind_of
+
+    return _kind_of(group)
+
+
+def _target_from_json(t):
+    if not t:
+        return ()
+    return (t[0], tuple(tuple(x) for x in t[1]), t[2])

@@ -1,0 +1,117 @@
+"""Reading a state dict class by class: the slices of every unit of an atom class.
+
+A class (a hidden layer's neurons, a head's query/key features) appears in
+several tensors, possibly inside products and concatenations of axes. These
+helpers gather, for one class, a matrix with one row per unit (``unit_matrix``),
+per-unit sums (``unit_sums``) or, for GL/orthogonal groups, one ``(rows, h)``
+matrix per index value and parity (``block_matrices``, the block reader
+:func:`wsym.group.layout.gather`), in a fixed order that depends only on the spec.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wsym.group.layout import block_plan, class_params, gather
+from wsym.group.layout import plan_leaves as _plan_leaves
+from wsym.group.memo import derived
+from wsym.group.spec import Group, SymmetrySpec
+
+
+def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
+    """Leaf-level blocks ``(block, leaves)`` holding an axis of class ``cls`` (only those read).
+
+    Which blocks those are is found once per spec; a block is then one view of its
+    tensor (no axis concatenated) or one gather by the plan's indices.
+    """
+
+    def where():
+        out = []
+        for p in class_params(spec, cls, with_buffers):
+            lvs = _plan_leaves(block_plan(spec, p))
+            out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
+        return tuple(out)
+
+    blocks = []
+    for p, b in derived(spec, ("class_blocks", cls, with_buffers), where):
+        plan = block_plan(spec, p)
+        if isinstance(plan, tuple):
+            blocks.append((sd[p].reshape(plan[0]), list(plan[1])))
+        else:
+            idx, lv = plan[b]
+            blocks.append((sd[p].reshape(-1)[idx], lv))
+    return blocks
+
+
+def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
+    """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
+    cols = []
+    for block, lv in _class_blocks(spec, sd, cls, with_buffers):
+        axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
+        cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
+    return torch.cat(cols, dim=1)
+
+
+def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torch.Tensor]:
+    """GL/orthogonal group: ``{parity: (*index, rows, h)}`` over all its parameter blocks.
+
+    Blocks that hold the class axis twice are left out (their rows are not a
+    plain stack of vectors transforming alike). This is :func:`wsym.group.layout.gather`.
+    """
+    return gather(spec, group, sd)
+
+
+def unit_sums(
+    spec: SymmetrySpec, sd: dict, group: Group, power: int = 2
+) -> dict[int, torch.Tensor]:
+    """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
+    exps = dict(group.exponents)
+    out: dict[int, torch.Tensor] = {}
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        for ax, leaf in enumerate(lv):
+            e = exps.get(leaf.var, 0)
+            if leaf.cls == group.cls and e:
+                rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
+                rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
+                out[e] = out.get(e, 0) + rows
+    return out
+
+
+def odd_rows(
+    spec: SymmetrySpec, sd: dict, group: Group, pending=frozenset()
+) -> torch.Tensor | None:
+    """Sign group: ``(n, features)`` of the entries a flip of each unit negates.
+
+    Blocks that also hold an axis of a class in ``pending`` (whose own sign
+    convention is not fixed yet) are left out; None if no block is left.
+    """
+    exps = dict(group.exponents)
+    cols = []
+    for block, lv in _class_blocks(spec, sd, group.cls):
+        if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
+            continue
+        for ax, leaf in enumerate(lv):
+            if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
+                cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
+    return torch.cat(cols, dim=1) if cols else None
+
+
+def block_classes(spec: SymmetrySpec, group: Group, itself: bool = False) -> set[int]:
+    """Classes that share a parameter block with ``group``'s class.
+
+    With ``itself``, the class itself is included when a block holds its axis
+    twice (a permutation of the class then changes its own unit rows).
+    """
+
+    def compute():
+        out = set()
+        for p in class_params(spec, group.cls):
+            for lv in _plan_leaves(block_plan(spec, p)):
+                mine = sum(leaf.cls == group.cls for leaf in lv)
+                if mine:
+                    out.update(leaf.cls for leaf in lv if leaf.cls != group.cls)
+                if itself and mine > 1:
+                    out.add(group.cls)
+        return frozenset(out)
+
+    return set(derived(spec, ("block_classes", group, itself), compute))
