@@ -40,9 +40,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.act import map_blocks
 from wsym.geometry import Gram
-from wsym.spec import SymmetrySpec
+from wsym.group.kinds.translation import translate
+from wsym.group.layout import map_blocks
+from wsym.group.spec import SymmetrySpec
 
 TOL = 1e-11
 """Relative residual (in the preconditioned norm) at which the Gram solve stops."""
@@ -112,8 +113,6 @@ def translation_directions(
     spec: SymmetrySpec, names: list[str], params: dict[str, Tensor]
 ) -> tuple[Tensor, Tensor]:
     """``(full, uniform)``: 0/1 mask of full-translation entries, directions ``(entries, k)``."""
-    from wsym.act import _translate
-
     offsets, start = {}, 0
     for n in names:
         offsets[n] = start
@@ -126,7 +125,7 @@ def translation_directions(
         key, _, mode = g.target
         t = params[key].detach().double()
         ones = torch.ones((), dtype=torch.float64) if mode == "uniform" else torch.ones_like(t)
-        moved = _translate(g, ones, False, torch.zeros_like(t), list(spec.layout[key]))
+        moved = translate(g, ones, torch.zeros_like(t), list(spec.layout[key]))
         sl = slice(offsets[key], offsets[key] + t.numel())
         if mode == "uniform":
             d = torch.zeros(start, dtype=torch.float64)
