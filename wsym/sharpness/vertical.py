@@ -37,6 +37,8 @@ conjugate-gradient iterates, and the projection, transform exactly with the grou
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -104,9 +106,12 @@ def exponent_matrix(
             map_blocks(spec, p, ids, grab)
         col += g.size
     if not rows:
-        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (start, col))
+        empty = torch.zeros(2, 0, dtype=torch.long)
+        return torch.sparse_coo_tensor(empty, [], (start, col), check_invariants=False)
     index = torch.stack([torch.cat(rows), torch.cat(cols)])
-    return torch.sparse_coo_tensor(index, torch.cat(vals), (start, col)).coalesce()
+    return torch.sparse_coo_tensor(
+        index, torch.cat(vals), (start, col), check_invariants=False
+    ).coalesce()
 
 
 def translation_directions(
@@ -412,7 +417,9 @@ class Horizontal:
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, shape) -> Tensor:
     index = torch.stack([rows, cols]) if rows.numel() else torch.zeros(2, 0, dtype=torch.long)
     coo = torch.sparse_coo_tensor(index, vals, shape, check_invariants=False).coalesce()
-    return coo.to_sparse_csr()
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return coo.to_sparse_csr()
 
 
 def _dot(a: Coefficients, b: Coefficients) -> Tensor:
