@@ -1,23 +1,39 @@
-r"""Geodesic SAM: the SAM ascent taken on the quotient by the model's GL symmetries.
+r"""Geodesic SAM: the SAM ascent taken on the quotient by the model's whole continuous group.
 
 The perturbation is one normalized Riemannian-gradient step of geodesic sharpness
-(:mod:`wsym.sharpness`, da Silva et al. 2025): on each GL block ``(G, H)`` of the
-spec (and each ReLU scaling group usable as a ``GL(1)`` block, see
-:mod:`wsym.quotient`) the tangent is the horizontal Riemannian gradient in the
-``invariant`` or ``mixed`` metric, and the block moves along the second-order
-geodesic step :func:`wsym.geometry.geodesic_step`; every other entry uses the
-elementwise adaptive metric :math:`\|\xi / |w|\|` and a straight step:
+(:mod:`wsym.sharpness`, da Silva et al. 2025) in the geometry of
+:class:`wsym.perturbation.Geodesic`: tangents horizontal to *every* continuous group of
+the spec (scaling, norm_scaling without running statistics, gl, orthogonal,
+translation), the ``invariant`` or ``mixed`` metric and the second-order geodesic step
+on the GL, orthogonal and GL(1) blocks, the elementwise adaptive metric
+:math:`\|\xi / |w|\|` and a straight step elsewhere:
 
 .. math::
-    \xi = \rho\, \frac{\operatorname{grad} L}{\|\operatorname{grad} L\|_\theta}, \qquad
-    \theta^+ = \gamma_\xi(1) \approx \theta + \xi - \tfrac12 \Gamma(\xi, \xi).
+    \hat\xi = \rho\, \frac{\operatorname{grad} L(\hat\theta)}
+                         {\|\operatorname{grad} L(\hat\theta)\|_{\hat\theta}}, \qquad
+    \hat\theta^+ = \gamma_{\hat\xi}(1) \approx \hat\theta + \hat\xi
+                   - \tfrac12 \Gamma(\hat\xi, \hat\xi).
 
-The Euclidean gradient with respect to the tangent coordinates is the pullback of
-:math:`\nabla L(\theta)` through :math:`\xi \mapsto \gamma_\xi(1)` at
-:math:`\xi = 0` (the quadratic term has no derivative there), taken with autograd.
-The geometry is computed in float64. Since the metric is invariant, the step is
-equivariant: a symmetric copy of the network is perturbed to the symmetric image
-of :math:`\theta^+`.
+The step is taken at the *balanced point* :math:`\hat\theta = k \cdot \theta` of
+:func:`wsym.sharpness.gauge.balanced` (:math:`k` a diagonal element, translations at
+their canonical representative), where the metric is invariant to the whole group, and
+mapped back: :math:`k` acts on the parameters as :math:`x \mapsto f \odot x + c`, so
+:math:`\nabla L(\hat\theta) = \nabla L(\theta) / f` and the perturbed point is
+:math:`k^{-1} \cdot \hat\theta^+ = \theta + \epsilon` with
+:math:`\epsilon = (\hat\theta^+ - \hat\theta) / f`. No extra gradient is evaluated.
+
+**Invariance.** The step is equivariant to every element :math:`g` of the spec's
+group (continuous and discrete kinds together): perturbing :math:`g \cdot \theta`
+gives :math:`g \cdot (\theta + \epsilon)` (up to the Gram solve's tolerance, ~1e-10
+relative in float64), so the descent pass sees the same function whichever point of
+the orbit the weights sit at. The BatchNorm ``norm_scaling`` groups (running
+statistics) are outside the quotient, as in :mod:`wsym.sharpness`; the adaptive metric
+on their entries is invariant to them anyway.
+
+A spec with no continuous group has no quotient: GeoSAM then warns once
+(:class:`~wsym.errors.SymmetryWarning`) and takes the adaptive perturbation
+(:class:`wsym.perturbation.Adaptive`, the metric :math:`\|\epsilon / |w|\|`, which is
+still equivariant to permutations and signs). The geometry is computed in float64.
 
 The spec is detected with :func:`wsym.detect` from ``example_inputs`` when not given
 (the closure's inputs are not visible to the optimizer).
@@ -41,15 +57,19 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from wsym.detect import spec_or_detect
-from wsym.errors import WsymInputError
+from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.group.kinds import kind_of
+from wsym.optim.balance import balancing
 from wsym.optim.base import SharpnessAware
-from wsym.perturbation import Geodesic
+from wsym.perturbation import Adaptive, Geodesic, Perturbation
+from wsym.sharpness import gauge
 from wsym.spec import SymmetrySpec
 
 GEO_METRICS = ("invariant", "mixed")
@@ -68,8 +88,9 @@ class GeoSAM(SharpnessAware):
         metric: ``"mixed"`` (default) or ``"invariant"`` metric on GL blocks.
         **kwargs: passed to ``base_optimizer``.
 
-    Raises:
-        WsymInputError: the spec has no GL block (nor ReLU scaling usable as GL(1)).
+    Warns:
+        SymmetryWarning: the spec has no continuous group; the perturbation is the
+            adaptive one.
     """
 
     def __init__(
@@ -90,35 +111,51 @@ class GeoSAM(SharpnessAware):
         self.spec = spec_or_detect(spec, model, example_inputs, "GeoSAM")
         self.metric = metric
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-        if not self._geometry(self.params).blocks:
-            raise WsymInputError(
-                "GeoSAM needs GL groups (or ReLU scaling groups usable as GL(1) blocks) and "
-                "the spec has none; use ASAM for elementwise symmetries or SAM"
+        self.quotient = any(kind_of(g).continuous for g in self.spec.groups)
+        self._gauged: list[int] | None = None  # the balanced groups: shapes only, found once
+        if not self.quotient:
+            warnings.warn(
+                "GeoSAM: the spec has no continuous group, so there is no quotient; "
+                "the perturbation is the adaptive one (ASAM's metric |eps / |w||)",
+                SymmetryWarning,
+                stacklevel=2,
             )
-
-    def _geometry(self, params: list[Tensor]) -> Geodesic:
-        table = {n: p.detach().double() for n, p in zip(self.names, params, strict=True)}
-        return Geodesic(table, self.spec, self.metric)
 
     def perturbation(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
-        """Displacement ``gamma_xi(1) - theta`` of the normalized Riemannian-gradient step."""
-        geom = self._geometry(params)
-        with torch.enable_grad():
-            xi = [x.requires_grad_(True) for x in geom.zero()]
-            moved = geom.point(xi)
-            value = sum(
-                (moved[n] * g.double()).sum() for n, g in zip(self.names, grads, strict=True)
-            )
-            pulled = torch.autograd.grad(value, xi, allow_unused=True)
-        pulled = [torch.zeros_like(x) if g is None else g for x, g in zip(xi, pulled, strict=True)]
-        direction = geom.gradient(pulled)
-        size = float(geom.gradient_norm(pulled, direction))
-        if not size > 0:
+        """``epsilon = (gamma_xi(1) - theta_hat) / f``: the balanced step, mapped back."""
+        table = {n: p.detach().double() for n, p in zip(self.names, params, strict=True)}
+        grad = {n: g.detach().double() for n, g in zip(self.names, grads, strict=True)}
+        if self.quotient:
+            if self._gauged is None:
+                self._gauged = gauge.gauged_groups(self.spec, table)
+            table, factor = balancing(self.spec, table, self._gauged)
+            grad = {n: g / factor[n] if n in factor else g for n, g in grad.items()}
+            geom: Perturbation = Geodesic(table, self.spec, self.metric)
+        else:
+            factor, geom = {}, Adaptive(table)
+        step = _ascent(geom, [grad[n] for n in self.names], self.rho)
+        if step is None:
             return [torch.zeros_like(p) for p in params]
-        step = [self.rho / size * d for d in direction]
         with torch.no_grad():
             target = geom.point(step)
-        return [
-            (target[n] - geom.params[n]).to(p.dtype)
-            for n, p in zip(self.names, params, strict=True)
-        ]
+        out = []
+        for n, p in zip(self.names, params, strict=True):
+            eps = target[n] - table[n]
+            out.append((eps / factor[n] if n in factor else eps).to(p.dtype))
+        return out
+
+
+def _ascent(geom: Perturbation, grads: list[Tensor], rho: float) -> list[Tensor] | None:
+    """``rho grad / |grad|`` in the tangent coordinates of ``geom`` (None at a zero gradient).
+
+    The Euclidean gradient with respect to the tangent is the pullback of ``grads``
+    through ``xi -> gamma_xi(1)`` at ``xi = 0`` (the quadratic term has no derivative there).
+    """
+    with torch.no_grad():
+        _, pullback = geom.linearize(geom.zero())
+        pulled = pullback(grads)
+    direction = geom.gradient(pulled)
+    size = float(geom.gradient_norm(pulled, direction))
+    if not size > 0:
+        return None
+    return [rho / size * d for d in direction]

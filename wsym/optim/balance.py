@@ -1,0 +1,70 @@
+r"""The balancing element of :func:`wsym.sharpness.gauge.balanced`, as GeoSAM needs it.
+
+:func:`~wsym.sharpness.gauge.balanced` returns the balanced point
+:math:`\hat\theta = k \cdot \theta` only; an optimizer perturbing at :math:`\hat\theta`
+must map the perturbation back, so it needs how :math:`k` acts. :math:`k` is a
+translation to the canonical representative followed by a diagonal element
+:math:`s^\star` (scaling / norm_scaling), so it acts on the parameters as
+:math:`x \mapsto f \odot x + c`: :func:`balancing` returns :math:`\hat\theta` and the
+elementwise factor :math:`f`, got by acting :math:`s^\star` on a state of ones.
+
+Example:
+    >>> import torch, wsym
+    >>> from wsym.reference import MLP
+    >>> model = MLP(3, [4, 4], 2).double()
+    >>> spec = wsym.detect(model, torch.randn(5, 3, dtype=torch.float64))
+    >>> params = dict(model.named_parameters())
+    >>> hat, f = balancing(spec, params)
+    >>> all(torch.allclose(hat[n], f[n] * params[n]) for n in params)  # no translation here
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from wsym.act import GroupElement, act
+from wsym.canon import canonical_element
+from wsym.sharpness import gauge
+from wsym.spec import SymmetrySpec
+
+
+def balancing(
+    spec: SymmetrySpec, params: dict[str, Tensor], groups: list[int] | None = None
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``(theta_hat, f)``: the balanced parameters (float64) and ``d theta_hat / d theta``.
+
+    Args:
+        spec: the symmetry spec.
+        params: ``{name: tensor}``, the parameters that are perturbed.
+        groups: :func:`wsym.sharpness.gauge.gauged_groups` of ``spec`` and these
+            parameters (it reads their shapes only: an optimizer computes it once).
+
+    Returns:
+        Both dicts keyed like ``params``; ``f`` is all ones where nothing is balanced.
+    """
+    state = {n: p.detach().double() for n, p in params.items()}
+    if any(g.kind == "translation" for g in spec.groups):  # as gauge.balanced: first
+        state, _ = canonical_element(state, spec, kinds={"translation"})
+    groups = gauge.gauged_groups(spec, state) if groups is None else groups
+    ones = {n: torch.ones_like(t) for n, t in state.items()}
+    if not groups:
+        return state, ones
+    u = gauge._newton(gauge._Objective(spec, state, groups))
+    if u is None:
+        return state, ones
+    element, start = [], 0
+    for i in groups:
+        n = spec.groups[i].size
+        element.append((i, torch.exp(u[start : start + n])))
+        start += n
+    k = GroupElement(tuple(element))
+    full = {
+        name: torch.ones(tuple(t.size for t in dims), dtype=torch.float64)
+        for name, dims in spec.layouts
+    }
+    full.update(ones)
+    factor = act(spec, k, full)
+    moved = act(spec, k, {**full, **state})
+    return {n: moved[n] for n in state}, {n: factor[n] for n in state}
