@@ -16,6 +16,11 @@ The Hessian measured in the Fisher metric (Ahmed, Sarmah, Dutta 2026; see
   Rademacher probes are invariant only in expectation (their off-diagonal noise
   :math:`v_i \sum_{j \ne i} H_{ij} v_j` scales as :math:`D_{ii} D_{jj}`), and
   damping breaks it at scale :math:`\delta`. It is not invariant to GL actions.
+  Given the ``spec``, it is evaluated at the canonical point of the orbit
+  (:func:`wsym.canonicalize`), like the average-case geodesic measures: the probes are
+  drawn in canonical coordinates, so they are transported with the units, and the
+  estimate is exactly invariant to permutations as well (the sampled labels depend on
+  the function only).
 * **K-FAC** (:func:`kfac_fisher_riemannian_sharpness`):
   :math:`S_R \approx \frac1m \sum_j v_j^\top (\tilde F + \delta I)^{-1} H v_j`,
   Rademacher :math:`v_j`, where :math:`\tilde F` is block diagonal: for each
@@ -32,14 +37,17 @@ with labels sampled from the model's softmax for :math:`F` (classification only)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from wsym.curvature.fisher import Samples, diagonal_fisher
 from wsym.curvature.hutchinson import Probes, diagonal_hessian, hessian_probe_products, probe_scale
 from wsym.curvature.kfac import kfac_factors
 from wsym.curvature.objective import Batch, HvpMode, LossFn, Params, model_params
+from wsym.spec import SymmetrySpec
 
 
 def fisher_riemannian_sharpness(
@@ -53,6 +61,7 @@ def fisher_riemannian_sharpness(
     params: Params | None = None,
     mode: HvpMode = "reverse",
     relative: bool = False,
+    spec: SymmetrySpec | None = None,
 ) -> float:
     r"""Diagonal estimator :math:`\sum_i \hat H_{ii} / (\hat F_{ii} + \delta)`.
 
@@ -62,8 +71,10 @@ def fisher_riemannian_sharpness(
     the Hutchinson probes are scaled by :math:`\theta`: the estimate is then exactly
     invariant, for a fixed seed, to elementwise rescalings and sign flips (ReLU
     rescaling, BatchNorm input scaling, odd-activation signs) where no weight is
-    exactly zero (zero entries take unit probe scale); to permutations only in
-    distribution.
+    exactly zero (zero entries take unit probe scale). With ``spec`` as well, it is
+    taken at the canonical point (:func:`wsym.canonicalize`), where the probes are
+    drawn in canonical coordinates: then it is exactly invariant to permutations too
+    (without ``spec``, only in distribution).
 
     Args:
         model: a classifier returning logits ``(N, C)``; evaluated in eval mode.
@@ -76,6 +87,8 @@ def fisher_riemannian_sharpness(
         params: ``{name: tensor}``; ``None`` takes the model's.
         mode: HVP mode, ``"forward"`` or ``"reverse"`` (see :func:`~wsym.curvature.hvp`).
         relative: damping relative to each weight, probes scaled by the weights.
+        spec: the model's symmetries; given, the estimate is taken at the canonical
+            point of the orbit (on a copy of the model; the model is not modified).
 
     Returns:
         The estimate as a Python float.
@@ -90,6 +103,8 @@ def fisher_riemannian_sharpness(
         True
     """
     params = model_params(model) if params is None else params
+    if spec is not None:
+        model, params = canonical_point(model, params, spec)
     scale = {n: p.detach() for n, p in params.items()} if relative else None
     hess = diagonal_hessian(model, batches, loss_fn, probes, seed, params, mode=mode, scale=scale)
     fisher = diagonal_fisher(model, batches, fisher_samples, seed, params)
@@ -97,6 +112,26 @@ def fisher_riemannian_sharpness(
         sq = {n: p.detach() ** 2 for n, p in params.items()}
         return float(sum((sq[n] * hess[n] / (sq[n] * fisher[n] + damping)).sum() for n in params))
     return float(sum((hess[n] / (fisher[n] + damping)).sum() for n in params))
+
+
+def canonical_point(
+    model: nn.Module, params: Params, spec: SymmetrySpec
+) -> tuple[nn.Module, Params]:
+    """A copy of ``model`` and ``params`` moved to the canonical point of their orbit.
+
+    Buffers (BatchNorm running statistics, which norm_scaling groups move) move with
+    the parameters; every tensor keeps its dtype.
+    """
+    from wsym.canon import canonical_element
+
+    state = {**model.state_dict(), **{n: p.detach() for n, p in params.items()}}
+    canon, _ = canonical_element(state, spec)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for key, t in moved.state_dict(keep_vars=True).items():
+            if key in canon and t.is_floating_point():
+                t.copy_(canon[key].to(t.dtype))
+    return moved, {n: canon[n].to(p.dtype) for n, p in params.items()}
 
 
 def kfac_fisher_riemannian_sharpness(
