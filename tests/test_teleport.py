@@ -119,3 +119,37 @@ def test_teleport_bad_input():
             wsym.teleport(relu, spec, batches, F.cross_entropy, **kw)
     with pytest.raises(WsymInputError, match="empty"):
         wsym.teleport(relu, spec, [], F.cross_entropy)
+
+
+def test_teleport_trace_is_the_hutchinson_estimate_of_curvature():
+    from wsym.teleport import _objective, _probes
+
+    torch.manual_seed(0)
+    model = MLP(5, [8], 3).double().eval()
+    batches = _batches((5,))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    names = [n for n, _ in model.named_parameters()]
+    for n in names:
+        state[n].requires_grad_(True)
+    vs = _probes(state, names, 6, seed=2)
+    ours = -float(
+        _objective(model, state, names, batches, F.cross_entropy, "sharpness", vs).detach()
+    )
+    theirs = hessian_trace(model, batches, F.cross_entropy, probes=6, seed=2)
+    assert abs(ours - theirs) <= 1e-10 * abs(theirs)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "translation"])
+def test_teleport_moves_along_any_continuous_kind_it_is_given(kind):
+    from wsym.reference import TinyTransformer
+
+    torch.manual_seed(0)
+    rotary = kind == "orthogonal"
+    model = TinyTransformer(patch=4, seq=6, dim=8, heads=2, depth=1, hidden=12, rotary=rotary)
+    model = model.double().eval()
+    batches = [(x.reshape(16, 6, 4)[:, :, :4], y) for x, y in _batches((24,), classes=10, n=1)]
+    spec = wsym.detect(model, batches[0][0])
+    assert any(g.kind == kind for g in spec.groups)
+    loss0 = _loss(model, batches)
+    wsym.teleport(model, spec, batches, F.cross_entropy, steps=3, lr=0.2, kinds=("gl", kind))
+    assert abs(_loss(model, batches) - loss0) <= 1e-6 * abs(loss0)

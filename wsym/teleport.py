@@ -58,36 +58,48 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from wsym.act import GroupElement, act, sample_group
+from wsym.act import GroupElement, act
+from wsym.curvature.hutchinson import probe_chunks
 from wsym.curvature.objective import as_double, batch_weights, call
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.graph.trace import eval_mode
+from wsym.group.kinds import kind_of
 from wsym.spec import SymmetrySpec
 
 OBJECTIVES = ("grad-norm", "sharpness")
 CONTINUOUS = ("scaling", "norm_scaling", "gl")
+"""Default kinds: those whose moves change the gradient (``orthogonal`` and
+``translation``, also continuous, may be passed in ``kinds``)."""
 
 
 def orbit_groups(spec: SymmetrySpec, kinds: Sequence[str] = CONTINUOUS) -> list[int]:
     """Indices of the groups teleportation moves along: continuous kinds in ``kinds``."""
-    return [i for i, g in enumerate(spec.groups) if g.kind in kinds and g.kind in CONTINUOUS]
+    return [i for i, g in enumerate(spec.groups) if g.kind in kinds and kind_of(g).continuous]
 
 
 def element(spec: SymmetrySpec, groups: list[int], coords: list[Tensor]) -> GroupElement:
     """The group element with exponential coordinates ``coords`` (differentiable).
 
-    Shapes: ``(n,)`` log-scales for scaling groups, ``(*index, h, h)`` for GL groups.
+    Shapes: each kind's ``coefficient_shape``, e.g. ``(n,)`` log-scales for scaling
+    groups, ``(*index, h, h)`` for GL groups; the value is the kind's ``exp``.
     """
     parts = []
     for i, c in zip(groups, coords, strict=True):
-        value = torch.linalg.matrix_exp(c) if spec.groups[i].kind == "gl" else torch.exp(c)
-        parts.append((i, value))
+        group = spec.groups[i]
+        parts.append((i, kind_of(group).exp(group, c)))
     return GroupElement(tuple(parts))
 
 
 def _zero_coords(spec: SymmetrySpec, groups: list[int]) -> list[Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    return [torch.zeros_like(sample_group(spec, i, gen)) for i in groups]
+    """The identity's exponential coordinates, one zero coefficient per group."""
+    shapes = [kind_of(spec.groups[i]).coefficient_shape(spec, spec.groups[i]) for i in groups]
+    return [torch.zeros(shape, dtype=torch.float64) for shape in shapes]
+
+
+def _probes(state: dict, names: list[str], probes: int, seed: int) -> list[list[Tensor]]:
+    """The Rademacher probes of :func:`wsym.curvature.hessian_trace` (same seed, same probes)."""
+    chunks = probe_chunks({n: state[n].detach() for n in names}, probes, seed, 64)
+    return [[c[n][j] for n in names] for c in chunks for j in range(c[names[0]].shape[0])]
 
 
 def _loss(model64: nn.Module, state: dict, batches: list, loss_fn: Callable) -> Tensor:
@@ -98,7 +110,13 @@ def _loss(model64: nn.Module, state: dict, batches: list, loss_fn: Callable) -> 
 
 
 def _objective(model64, state, names, batches, loss_fn, objective, probes) -> Tensor:
-    """Value to maximize: squared gradient norm, or minus the Hutchinson Hessian trace."""
+    """Value to maximize: squared gradient norm, or minus the Hutchinson Hessian trace.
+
+    The trace is the estimate of :func:`wsym.curvature.hessian_trace` with the same
+    probes, taken by double backward so that it is differentiable with respect to the
+    group coordinates (the curvature estimators return detached values and read the
+    buffers, which norm_scaling groups move, from the model).
+    """
     loss = _loss(model64, state, batches, loss_fn)
     params = [state[n] for n in names]
     grads = torch.autograd.grad(loss, params, create_graph=True)
@@ -200,11 +218,7 @@ def teleport(
     for n in names:  # leaves, so that entries no group moves still get a gradient
         state[n].requires_grad_(True)
     batches64 = [(as_double(x), as_double(y)) for x, y in batches]
-    gen = torch.Generator().manual_seed(seed)
-    vs = [
-        [torch.randint(0, 2, state[n].shape, generator=gen).double() * 2 - 1 for n in names]
-        for _ in range(probes)
-    ]
+    vs = _probes(state, names, probes, seed) if objective == "sharpness" else []
     coords = _zero_coords(spec, groups)
     best, best_value = [c.clone() for c in coords], -math.inf
     with eval_mode(model64):
