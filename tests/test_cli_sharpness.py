@@ -82,6 +82,20 @@ def test_json_report(capsys, files):
     assert report["checkpoint"] == files["a"] and report["data"] == "mnist1d"
     assert report["model"] == "wsym:mlp" and report["average"] is True
     assert math.isfinite(report["value"])
+    assert report["stderr"] > 0  # the average case's standard error
+
+
+@pytest.mark.filterwarnings("ignore::wsym.errors.SymmetryWarning")
+def test_average_prints_the_standard_error(capsys, files):
+    code, out, err = run(
+        capsys,
+        *["sharpness", *MLP, "--checkpoint", files["a"], "--measure", "geodesic-mix"],
+        "--average",
+    )
+    assert code == 0, err
+    name, number, plus_minus, error = out.split()
+    assert name == "geodesic-mix" and plus_minus == "+-"
+    assert math.isfinite(float(number)) and float(error) > 0
 
 
 def test_adaptive_is_invariant_to_rescaling_euclidean_is_not(capsys, files):

@@ -40,6 +40,13 @@ def test_report_writes_html_and_json(written):
     # moving along the orbit does not change invariant measures, and does change euclidean
     worst = numbers["invariance"]["max_abs_log10_ratio"]
     assert worst["adaptive"] < 1e-6 and worst["euclidean"] > 0.1
+    # the whole-group quotient: geodesic measures (worst and average case) and fisher too
+    for m in ("geodesic-inv", "geodesic-mix", "geodesic-mix (average)", "fisher"):
+        assert worst[m] < 1e-6, m
+    # geodesic differs from adaptive (measured ~5e-7 here), far above the invariance floor
+    assert numbers["invariance"]["geodesic_vs_adaptive"] > 1e3 * worst["geodesic-mix"]
+    average = numbers["invariance"]["values"]["geodesic-mix (average)"]
+    assert average["stderr"] > 0  # the average case comes with its standard error
     # alignment only moves along the orbit: same canonical form
     assert numbers["alignment"]["aligned_canonical_deviation"] < 1e-4
     assert len(re.findall(r"<img data-figure=", html)) == 5

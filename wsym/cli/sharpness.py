@@ -3,7 +3,8 @@
 Builds the model from ``--model``/``--config`` (as ``wsym detect``), loads the
 checkpoint, takes the first ``--batches`` batches of ``--data`` and calls
 :func:`wsym.sharpness` with cross-entropy. The spec (detected, or read from
-``--spec``) is only needed by the geodesic measures.
+``--spec``) is only needed by the geodesic measures. With ``--average`` the value is
+printed with its standard error (over the antithetic pairs of random directions).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from wsym.cli.common import EXIT_OK, add_command
 from wsym.cli.prepare import add_data_options, add_model_options, prepare
 from wsym.errors import WsymInputError
 
-#: Measures that move along the spec's GL blocks, so need a spec.
+#: Measures on the quotient by the spec's continuous groups, so need a spec.
 GEODESIC = ("geodesic-inv", "geodesic-mix")
 _EXAMPLE = """\
 examples:
@@ -54,13 +55,15 @@ def add_command_to(commands: Any) -> None:
         "--rho", type=float, default=0.05, help="perturbation radius, > 0 (default 0.05)"
     )
     parser.add_argument(
-        "--average", action="store_true", help="mean over random directions, not the worst case"
+        "--average",
+        action="store_true",
+        help="mean over random directions (printed +- its standard error), not the worst case",
     )
     parser.add_argument(
         "--steps",
         type=int,
         default=10,
-        help="ascent steps, or random directions with --average (default 10)",
+        help="ascent steps, or antithetic pairs of random directions with --average (default 10)",
     )
     parser.set_defaults(handler=run_sharpness)
 
@@ -83,7 +86,7 @@ def run_sharpness(args: argparse.Namespace) -> int:
     if job.states:
         model.load_state_dict(job.states[0])
     data = list(itertools.islice(job.data.batches(args.split, args.batch_size), args.batches))
-    value = wsym.sharpness(
+    estimate = wsym.sharpness(
         model,
         data,
         torch.nn.functional.cross_entropy,
@@ -93,12 +96,15 @@ def run_sharpness(args: argparse.Namespace) -> int:
         average=args.average,
         seed=args.seed,
         steps=args.steps,
+        with_error=True,
     )
+    value = estimate.value
     if args.json:
         report = {
             "measure": args.measure,
             "rho": args.rho,
             "value": value,
+            "stderr": estimate.stderr,
             "average": args.average,
             "model": args.model,
             "config": args.config,
@@ -112,5 +118,6 @@ def run_sharpness(args: argparse.Namespace) -> int:
         }
         print(json.dumps(report, indent=2))
     else:
-        print(f"{args.measure} {value:.8g}")
+        error = f" +- {estimate.stderr:.2g}" if args.average else ""
+        print(f"{args.measure} {value:.8g}{error}")
     return EXIT_OK
