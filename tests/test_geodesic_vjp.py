@@ -73,8 +73,8 @@ def test_gather_is_adjoint_of_scatter(transformer):
 class _AutogradStep(Geodesic):
     """The same second-order step, differentiated by autograd (overriding ``move``)."""
 
-    def move(self, block, xi):
-        return super().move(block, xi)
+    def move(self, block, xi, s=0):
+        return super().move(block, xi, s)
 
 
 @pytest.mark.parametrize("metric", ["invariant", "mixed"])

@@ -180,12 +180,18 @@ class Horizontal:
         self.T = _csr(pos[rows], cols, E.values() * theta[rows].double(), (n, E.shape[1]))
         self.TT = _csr(cols, pos[rows], E.values() * theta[rows].double(), (E.shape[1], n))
         full, D = translation_directions(spec, names, params)
+        self.keep = None
+        where = full.nonzero().squeeze(1)
+        if bool((theta[where] == 0).all()):  # canonical (zero) key biases: decoupled, zeroed
+            if where.numel():
+                self.keep = torch.ones(n, dtype=torch.float64)
+                self.keep[pos[where]] = 0.0
+        else:  # elsewhere GL moves them too: one direction per entry, solved with the rest
+            unit = torch.zeros(theta.numel(), where.numel(), dtype=torch.float64)
+            unit[where, torch.arange(where.numel())] = 1.0
+            D = torch.cat([D, unit], 1)
         self.D = torch.zeros(n, D.shape[1], dtype=torch.float64)
         self.D[pos] = D
-        self.keep = None
-        if bool(full.any()):
-            self.keep = torch.ones(n, dtype=torch.float64)
-            self.keep[pos[full.nonzero().squeeze(1)]] = 0.0
         self.stacks = q.stacks
         self.skew = q.orthogonal
         k = len(geom.slots)
