@@ -161,3 +161,18 @@ def test_without_continuous_group_warns_once_and_takes_the_adaptive_step():
         float(((e / p.detach()) ** 2).sum()) for e, p in zip(eps, model.parameters(), strict=True)
     )
     assert abs(norm**0.5 - 0.1) < 1e-6  # radius rho in |eps / |w||
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_balancing_is_the_balanced_point_of_the_sharpness_measures(name):
+    from wsym.sharpness.gauge import balanced
+
+    model, x, _ = CASES[name]()
+    spec = wsym.detect(model, x)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    hat, f = balancing(spec, params)
+    reference = balanced(spec, model.state_dict(), names=list(params))
+    for n in params:
+        torch.testing.assert_close(hat[n], reference[n], rtol=1e-12, atol=1e-14)
+    moved = any(not torch.equal(t, torch.ones_like(t)) for t in f.values())
+    assert moved == (name == "tiny-transformer")  # LayerNorm gains meet GL; an MLP: nothing
