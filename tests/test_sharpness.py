@@ -345,4 +345,6 @@ def test_gradient_norm_is_the_metric_norm(detected, name, metric):
     # a key bias is vertical entirely (softmax ignores it): its horizontal part is zero
     gauge = {g.target[0] for g in geom.quotient.spec.groups if g.kind == "translation"}
     inside = [n for n in geom.names if n not in geom.slots]
-    assert all(torch.equal(moved[n], params[n]) == (n in gauge) for n in inside)
+    step = {n: float((moved[n] - params[n]).abs().max()) for n in inside}
+    largest = max(step.values())
+    assert all((step[n] < 1e-9 * largest) == (n in gauge) for n in inside)
