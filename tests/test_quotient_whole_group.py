@@ -235,7 +235,7 @@ def test_generators_match_the_group_layer(name):
     h = geom.horizontal
     gens = {g.index: g for g in continuous_groups(spec)}
     gen = torch.Generator().manual_seed(1)
-    zero = [torch.zeros(h.T.shape[1]), torch.zeros(h.D.shape[1])]
+    zero = [torch.zeros(h.n_units), torch.zeros(h.D.shape[1])]
     zero += [torch.zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])) for G, _ in h.stacks]
     zero = [z.double() for z in zero]
     checked = 0

@@ -38,8 +38,9 @@ from torch import Tensor
 from wsym.act import GroupElement, act
 from wsym.canon import canonical_element
 from wsym.errors import SymmetryWarning
+from wsym.group.memo import derived
 from wsym.quotient import Quotient
-from wsym.sharpness.vertical import exponent_matrix
+from wsym.sharpness.vertical import exponent_entries, exponent_matrix
 from wsym.spec import SymmetrySpec
 
 DIAGONAL = ("scaling", "norm_scaling")
@@ -88,44 +89,39 @@ def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[s
 
 
 def gauged_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
-    """Diagonal groups that rescale rows of another group's block, and those sharing entries."""
+    """Diagonal groups that rescale rows of another group's block, and those sharing entries.
+
+    Depends on names and shapes only (memoized on the spec).
+    """
+    key = ("gauged", tuple((p, tuple(t.shape)) for p, t in params.items()))
+    return list(derived(spec, key, lambda: _gauged(spec, params)))
+
+
+def _gauged(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, ...]:
     q = Quotient(spec, params)
+    if not q.blocks:
+        return ()
     own = {i for i, _ in q.blocks}
-    covered = {p: m for p, m in q.covered.items() if bool(m.any())}
-    touch = {i: _entries(spec, i, params) for i, g in enumerate(spec.groups) if g.kind in DIAGONAL}
-    chosen = {
-        i
-        for i, t in touch.items()
-        if i not in own and any(bool((t[p] & covered[p]).any()) for p in t if p in covered)
-    }
+    diagonal = [i for i, g in enumerate(spec.groups) if g.kind in DIAGONAL and i not in own]
+    names = list(params)
+    rows, cols, _ = exponent_entries(spec, diagonal, names, params)
+    start = torch.tensor([0] + [spec.groups[i].size for i in diagonal]).cumsum(0)
+    group = torch.searchsorted(start, cols, right=True) - 1  # position in ``diagonal``
+    covered = torch.cat([q.covered[n].reshape(-1) for n in names])
+    chosen = set(group[covered[rows]].unique().tolist())
+    # close under sharing entries: groups meeting on one entry
+    order = torch.argsort(rows, stable=True)
+    r, g = rows[order], group[order]
+    same = r[1:] == r[:-1]
+    links = torch.stack([g[:-1][same], g[1:][same]], 1).unique(dim=0).tolist()
     grown = True
-    while grown:  # close under sharing entries
+    while grown:
         grown = False
-        for i, t in touch.items():
-            if i in chosen or i in own:
-                continue
-            if any(_share(t, touch[j]) for j in chosen):
-                chosen.add(i)
+        for a, b in links:
+            if (a in chosen) != (b in chosen):
+                chosen |= {a, b}
                 grown = True
-    return sorted(chosen)
-
-
-def _entries(spec: SymmetrySpec, i: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
-    names = [p for p in spec.groups[i].params if p in params]
-    E = exponent_matrix(spec, [i], names, params)
-    rows = E.indices()[0].unique()
-    out, start = {}, 0
-    for p in names:
-        n = params[p].numel()
-        mask = torch.zeros(n, dtype=torch.bool)
-        mask[rows[(rows >= start) & (rows < start + n)] - start] = True
-        out[p] = mask.reshape(params[p].shape)
-        start += n
-    return out
-
-
-def _share(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
-    return any(bool((a[p] & b[p]).any()) for p in a if p in b)
+    return tuple(sorted(diagonal[j] for j in chosen))
 
 
 class _Objective:

@@ -37,14 +37,13 @@ conjugate-gradient iterates, and the projection, transform exactly with the grou
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
 from wsym.geometry import Gram
 from wsym.group.kinds.translation import translate
 from wsym.group.layout import map_blocks
+from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
 
 TOL = 1e-11
@@ -76,6 +75,16 @@ def exponent_matrix(
     Rows follow the flat concatenation of ``names``; columns the units of ``groups``
     in turn. ``theta * (E @ a)`` is the generator of the scalings ``s = exp(a)``.
     """
+    rows, cols, vals = exponent_entries(spec, groups, names, params)
+    shape = (sum(params[n].numel() for n in names), sum(spec.groups[i].size for i in groups))
+    index = torch.stack([rows, cols])
+    return torch.sparse_coo_tensor(index, vals, shape, check_invariants=False).coalesce()
+
+
+def exponent_entries(
+    spec: SymmetrySpec, groups: list[int], names: list[str], params: dict[str, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(rows, cols, exponents)`` of :func:`exponent_matrix`, not coalesced."""
     offsets, start = {}, 0
     for n in names:
         offsets[n] = start
@@ -106,12 +115,9 @@ def exponent_matrix(
             map_blocks(spec, p, ids, grab)
         col += g.size
     if not rows:
-        empty = torch.zeros(2, 0, dtype=torch.long)
-        return torch.sparse_coo_tensor(empty, [], (start, col), check_invariants=False)
-    index = torch.stack([torch.cat(rows), torch.cat(cols)])
-    return torch.sparse_coo_tensor(
-        index, torch.cat(vals), (start, col), check_invariants=False
-    ).coalesce()
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, torch.zeros(0, dtype=torch.float64)
+    return torch.cat(rows), torch.cat(cols), torch.cat(vals)
 
 
 def translation_directions(
@@ -141,6 +147,106 @@ def translation_directions(
     return full, (torch.stack(uniform, 1) if uniform else full.new_zeros(start, 0))
 
 
+class _Structure:
+    """What a :class:`Horizontal` needs that depends on names and shapes only (memoized).
+
+    The scaling generators as a gather: tangent entry ``support[j]`` carries up to ``K``
+    units ``idx[:, j]`` (``n_units`` marks an empty slot) with exponents ``exps[:, j]``;
+    ``param_of[j]`` is its index among the parameters. ``cg_units`` / ``cg_stacks``: the
+    coefficients coupled to others (solved by CG); the rest are solved exactly.
+    """
+
+    def __init__(self, geom, spec: SymmetrySpec):
+        q, params, names = geom.quotient, geom.params, geom.names
+        self.shapes = [t.shape for t in geom.coordinates()]
+        self.sizes = [s.numel() for s in self.shapes]
+        n = sum(self.sizes)
+        total = sum(params[k].numel() for k in names)
+        # each parameter entry's position in the flat tangent layout (a partition)
+        numbers = torch.arange(1, total + 1, dtype=torch.float64)
+        placed = torch.cat([x.reshape(-1) for x in geom.to_tangent(numbers)]) if n else numbers
+        self.pos = torch.zeros(total, dtype=torch.long)
+        hit = placed.nonzero().squeeze(1)
+        self.pos[placed[hit].round().long() - 1] = hit
+        k = len(geom.slots)
+        self.slots = sum(self.sizes[:k])
+        offsets = torch.tensor([0, *self.sizes]).cumsum(0).tolist()
+        self.views = [
+            (
+                slice(offsets[k + 2 * s], offsets[k + 2 * s + 1]),
+                slice(offsets[k + 2 * s + 1], offsets[k + 2 * s + 2]),
+            )
+            for s in range(len(q.stacks))
+        ]
+        self.groups = _vertical_torus(spec, params, {i for i, _ in q.blocks})
+        rows, cols, exps = exponent_entries(spec, self.groups, names, params)
+        self.n_units = sum(spec.groups[i].size for i in self.groups)
+        t = self.pos[rows]
+        order = torch.argsort(t, stable=True)
+        t, cols, exps, rows = t[order], cols[order], exps[order], rows[order]
+        self.support, run, counts = torch.unique_consecutive(
+            t, return_inverse=True, return_counts=True
+        )
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(len(t)) - starts[run]
+        width = int(counts.max()) if len(counts) else 0
+        self.idx = torch.full((width, len(self.support)), self.n_units, dtype=torch.long)
+        self.exps = torch.zeros((width, len(self.support)), dtype=torch.float64)
+        self.idx[rank, run], self.exps[rank, run] = cols, exps
+        self.param_of = rows[starts] if len(t) else rows
+        unit_group = torch.repeat_interleave(
+            torch.arange(len(self.groups)),
+            torch.tensor([spec.groups[i].size for i in self.groups], dtype=torch.long),
+        )
+        self.cg_units, self.cg_stacks = self._coupled(unit_group, n, len(q.stacks))
+
+    def _coupled(self, unit_group: Tensor, n: int, n_s: int) -> tuple[Tensor, list]:
+        """Connected components of "shares a tangent entry or a block" among the generators.
+
+        The Gram matrix is block-diagonal over them; a stack alone, or a scaling group
+        alone whose units touch disjoint plain entries, is solved exactly by its
+        preconditioner, the others by CG.
+        """
+        n_e = len(self.groups)
+        parent = list(range(n_e + n_s))
+
+        def find(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        stack_of = torch.full((n,), -1, dtype=torch.long)
+        for s_, (g, h) in enumerate(self.views):
+            stack_of[g], stack_of[h] = s_, s_
+        grp = torch.cat([unit_group, torch.tensor([-1])])[self.idx]  # (K, support); -1: empty
+        where = stack_of[self.support]
+        pairs, inner = [], set()
+        for j in range(len(grp)):
+            hit = (where >= 0) & (grp[j] >= 0)
+            pairs.append(torch.stack([grp[j][hit], n_e + where[hit]], 1))
+            if j:
+                both = (grp[0] >= 0) & (grp[j] >= 0)
+                pairs.append(torch.stack([grp[0][both], grp[j][both]], 1))
+                inner |= set(grp[0][both & (grp[0] == grp[j])].tolist())
+        if pairs:
+            for a, b in torch.cat(pairs).unique(dim=0).tolist():
+                ra, rb = find(a), find(b)
+                if ra != rb:
+                    parent[ra] = rb
+        roots = [find(i) for i in range(len(parent))]
+        size = {r: roots.count(r) for r in set(roots)}
+        cg = [size[roots[i]] > 1 or i in inner for i in range(len(parent))]
+        groups = torch.tensor(cg[:n_e], dtype=torch.bool)
+        units = groups[unit_group] if n_e else torch.zeros(0, dtype=torch.bool)
+        return units, cg[n_e:]
+
+
+def _structure(geom, spec: SymmetrySpec) -> _Structure:
+    key = ("horizontal", tuple((n, tuple(geom.params[n].shape)) for n in geom.names))
+    return derived(spec, key, lambda: _Structure(geom, spec))
+
+
 class Horizontal:
     """Horizontal projection of a :class:`~wsym.perturbation.Geodesic`'s tangent vectors.
 
@@ -162,97 +268,35 @@ class Horizontal:
     def __init__(self, geom, spec: SymmetrySpec):
         self.geom = geom
         q, params, names = geom.quotient, geom.params, geom.names
-        self.shapes = [t.shape for t in geom.coordinates()]
-        self.sizes = [s.numel() for s in self.shapes]
+        st = _structure(geom, spec)
+        self.shapes, self.sizes, self._views, self._slots = st.shapes, st.sizes, st.views, st.slots
+        self.groups, self.n_units = st.groups, st.n_units
+        self._idx, self._support = st.idx, st.support
         n = sum(self.sizes)
         like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
         theta = torch.cat([params[k].reshape(-1) for k in names]) if names else like.new_zeros(0)
-        # each parameter entry's position in the flat tangent layout (a partition)
-        numbers = torch.arange(1, theta.numel() + 1, dtype=torch.float64)
-        placed = self._flat(geom.to_tangent(numbers))
-        pos = torch.zeros(theta.numel(), dtype=torch.long)
-        hit = placed.nonzero().squeeze(1)
-        pos[placed[hit].round().long() - 1] = hit
-        blocks = {i for i, _ in q.blocks}
-        self.groups = _vertical_torus(spec, params, blocks)
-        E = exponent_matrix(spec, self.groups, names, params)
-        rows, cols = E.indices()
-        self.T = _csr(pos[rows], cols, E.values() * theta[rows].double(), (n, E.shape[1]))
-        self.TT = _csr(cols, pos[rows], E.values() * theta[rows].double(), (E.shape[1], n))
+        theta = theta.double()
+        self._val = st.exps * theta[st.param_of]  # (K, support): exponent * theta per unit slot
         full, D = translation_directions(spec, names, params)
         self.keep = None
         where = full.nonzero().squeeze(1)
         if bool((theta[where] == 0).all()):  # canonical (zero) key biases: decoupled, zeroed
             if where.numel():
                 self.keep = torch.ones(n, dtype=torch.float64)
-                self.keep[pos[where]] = 0.0
+                self.keep[st.pos[where]] = 0.0
         else:  # elsewhere GL moves them too: one direction per entry, solved with the rest
             unit = torch.zeros(theta.numel(), where.numel(), dtype=torch.float64)
             unit[where, torch.arange(where.numel())] = 1.0
             D = torch.cat([D, unit], 1)
         self.D = torch.zeros(n, D.shape[1], dtype=torch.float64)
-        self.D[pos] = D
+        self.D[st.pos] = D
         self.stacks = q.stacks
         self.skew = q.orthogonal
-        k = len(geom.slots)
-        self._slots = sum(self.sizes[:k])
-        offsets = torch.tensor([0, *self.sizes]).cumsum(0).tolist()
-        self._views = [
-            (
-                slice(offsets[k + 2 * s], offsets[k + 2 * s + 1]),
-                slice(offsets[k + 2 * s + 1], offsets[k + 2 * s + 2]),
-            )
-            for s in range(len(self.stacks))
-        ]
         self.iterations = 0
-        self.active = bool(E.shape[1] or D.shape[1] or self.stacks)
-        self._unit_group = torch.repeat_interleave(
-            torch.arange(len(self.groups)),
-            torch.tensor([spec.groups[i].size for i in self.groups], dtype=torch.long),
-        )
-        self._cg = self._coupled(pos[rows], self._unit_group[cols], n)
+        self.active = bool(self.n_units or D.shape[1] or self.stacks)
+        # translations are few: always with conjugate gradients
+        self._cg = (st.cg_units, torch.ones(D.shape[1], dtype=torch.bool), st.cg_stacks)
         self._precompute()
-
-    def _coupled(self, t_rows: Tensor, t_groups: Tensor, n: int) -> tuple:
-        """Which coefficients need conjugate gradients: ``(units, translations, stacks)`` masks.
-
-        The Gram matrix is block-diagonal over the connected components of "shares a
-        tangent entry" (or a block row, through the block metric); a component of one
-        stack, one translation, or one scaling group whose units touch disjoint plain
-        entries is solved exactly by its preconditioner, the others by CG.
-        """
-        n_e, n_d, n_s = len(self.groups), self.D.shape[1], len(self.stacks)
-        parent = list(range(n_e + n_d + n_s))
-
-        def find(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        stack_of = torch.full((n,), -1, dtype=torch.long)
-        for s_, (g, h) in enumerate(self._views):
-            stack_of[g], stack_of[h] = s_, s_
-        d_rows, d_cols = self.D.nonzero(as_tuple=True)
-        node_pos = torch.cat([t_rows, d_rows])
-        nodes = torch.cat([t_groups, n_e + d_cols])
-        in_stack = stack_of[node_pos] >= 0
-        pairs = torch.stack([nodes[in_stack], n_e + n_d + stack_of[node_pos[in_stack]]], 1)
-        order = torch.argsort(node_pos[~in_stack], stable=True)
-        plain_pos, plain_nodes = node_pos[~in_stack][order], nodes[~in_stack][order]
-        same = plain_pos[1:] == plain_pos[:-1]
-        pairs = torch.cat([pairs, torch.stack([plain_nodes[:-1][same], plain_nodes[1:][same]], 1)])
-        for a, b in pairs.unique(dim=0).tolist():
-            ra, rb = find(a), find(b)
-            if ra != rb:
-                parent[ra] = rb
-        roots = [find(i) for i in range(len(parent))]
-        size = {r: roots.count(r) for r in set(roots)}
-        inner = set(plain_nodes[:-1][same & (plain_nodes[:-1] == plain_nodes[1:])].tolist())
-        cg = [size[roots[i]] > 1 or i in inner for i in range(len(parent))]
-        groups = torch.tensor(cg[:n_e], dtype=torch.bool)
-        units = groups[self._unit_group] if n_e else torch.zeros(0, dtype=torch.bool)
-        return units, torch.tensor(cg[n_e : n_e + n_d], dtype=torch.bool), cg[n_e + n_d :]
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
         return torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0, dtype=torch.float64)
@@ -290,7 +334,10 @@ class Horizontal:
     def apply(self, c: Coefficients, stacks: list | None = None) -> Tensor:
         """``J c`` as a flat tangent vector (only the stacks flagged in ``stacks``)."""
         a, t, omegas = c[0], c[1], c[2:]
-        v = self.T @ a if a.numel() else torch.zeros(sum(self.sizes), dtype=torch.float64)
+        v = torch.zeros(sum(self.sizes), dtype=torch.float64)
+        if a.numel():
+            ext = torch.cat([a, a.new_zeros(1)])
+            v[self._support] = (self._val * ext[self._idx]).sum(0)
         if t.numel():
             v = v + self.D @ t
         for s, (G, H) in enumerate(self.stacks):
@@ -303,7 +350,7 @@ class Horizontal:
 
     def adjoint(self, y: Tensor, stacks: list | None = None) -> Coefficients:
         """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on unflagged stacks)."""
-        out = [self.TT @ y if self.TT.shape[0] else y.new_zeros(0), self.D.T @ y]
+        out = [self._unit_sums(self._val * y[self._support]), self.D.T @ y]
         for s, (G, H) in enumerate(self.stacks):
             if stacks is not None and not stacks[s]:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
@@ -313,6 +360,12 @@ class Horizontal:
             out.append(_skew(om) if self.skew[s] else om)
         return out
 
+    def _unit_sums(self, values: Tensor) -> Tensor:
+        """Sum ``values`` ``(K, support)`` into their units (the adjoint of the gather)."""
+        out = values.new_zeros(self.n_units + 1)
+        out.index_add_(0, self._idx.reshape(-1), values.reshape(-1))
+        return out[: self.n_units]
+
     def gram(self, c: Coefficients, stacks: list | None = None) -> Coefficients:
         """``J^T M J c`` (only the stacks flagged in ``stacks``, default all)."""
         return self.adjoint(self.lower(self.apply(c, stacks), stacks), stacks)
@@ -320,18 +373,14 @@ class Horizontal:
     # -- the preconditioner ---------------------------------------------------------
     def _precompute(self) -> None:
         """Diagonal of the scaling part, eigenbases of the blocks' own Gram operators."""
-        if self.TT.shape[0]:
+        if self.n_units:
             # sum_e E_eu^2 theta_e (M theta)_e: inside a block the row sums of
             # theta (M theta) are the rows' leverages, so with E constant along a block
             # row this is the exact diagonal of J^T M J
             theta_t = self._flat(self.geom.coordinates()).double()
-            sq = torch.sparse_csr_tensor(
-                self.TT.crow_indices(), self.TT.col_indices(), self.TT.values() ** 2, self.TT.shape
-            )
-            weight = self.lower(theta_t) / torch.where(
-                theta_t != 0, theta_t, torch.ones_like(theta_t)
-            )
-            d = sq @ weight
+            safe = torch.where(theta_t != 0, theta_t, torch.ones_like(theta_t))
+            weight = (self.lower(theta_t) / safe)[self._support]
+            d = self._unit_sums(self._val**2 * weight)
             self._diag = torch.where(d > 0, 1.0 / d, torch.ones_like(d))
         if self.D.shape[1]:
             MD = torch.stack([self.lower(self.D[:, j]) for j in range(self.D.shape[1])], 1)
@@ -418,14 +467,6 @@ class Horizontal:
         return out + [
             w if keep else torch.zeros_like(w) for w, keep in zip(c[2:], stacks, strict=True)
         ]
-
-
-def _csr(rows: Tensor, cols: Tensor, vals: Tensor, shape) -> Tensor:
-    index = torch.stack([rows, cols]) if rows.numel() else torch.zeros(2, 0, dtype=torch.long)
-    coo = torch.sparse_coo_tensor(index, vals, shape, check_invariants=False).coalesce()
-    with warnings.catch_warnings():  # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return coo.to_sparse_csr()
 
 
 def _dot(a: Coefficients, b: Coefficients) -> Tensor:
