@@ -80,8 +80,15 @@ class Preconditioner:
         self.beta, self.damping, self.samples, self.normalize = beta, damping, samples, normalize
         self.refreshes = 0
 
-    def estimate(self, model: nn.Module, params: Params, inputs: Any) -> None:
-        """Refresh :math:`U` at ``params`` from a batch of ``inputs`` (a moving average)."""
+    def estimate(
+        self, model: nn.Module, params: Params, inputs: Any, output_grad: Tensor | None = None
+    ) -> None:
+        """Refresh :math:`U` at ``params`` from a batch of ``inputs`` (a moving average).
+
+        ``output_grad``, the loss's gradient with respect to the outputs of that batch,
+        is used by learned preconditioners (:mod:`wsym.optim.learned`); the Fisher
+        estimates ignore it (they sample labels from the model).
+        """
         raise NotImplementedError
 
     def apply(self, grads: Params) -> Params:
@@ -107,7 +114,7 @@ class FixedDiagonal(Preconditioner):
             raise WsymInputError("FixedDiagonal needs a positive diagonal; pass U = 1 / curvature")
         self.diagonal = diagonal
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         """No refresh."""
 
     def apply(self, grads):
@@ -122,7 +129,7 @@ class DiagonalFisher(Preconditioner):
         super().__init__(**kwargs)
         self.diagonal: Params | None = None
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         """Refresh the diagonal: EMA of the normalized inverse."""
         fisher = self._fisher(model, params, inputs)
         mean = torch.cat([f.reshape(-1) for f in fisher.values()]).mean()
@@ -153,7 +160,7 @@ class KroneckerFisher(Preconditioner):
         self.eigen: dict[str, tuple] = {}
         self.scale = 1.0
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         """Refresh: EMA of the factors (and of the diagonal Fisher elsewhere), then eigh."""
         try:
             new = kfac_factors(model, [(inputs, None)], self.samples, self.refreshes, params)
