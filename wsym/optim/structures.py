@@ -393,7 +393,7 @@ class Dense(Structure):
             if b.rows * b.cols > DENSE_LIMIT:
                 raise WsymInputError(
                     f"the dense structure needs blocks of at most {DENSE_LIMIT} entries and "
-                    f"{b.weight} has {b.rows * b.cols}; use structure='eigen' or 'kfac'"
+                    f"{b.weight} has {b.rows * b.cols}; use 'eigen' or 'kfac'"
                 )
         self.blocks = {
             b.weight: scale * torch.eye(b.rows * b.cols, dtype=dtype) for b in layout.blocks
