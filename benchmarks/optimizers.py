@@ -8,16 +8,19 @@ Tasks (CPU, float32):
   8x8 digits (1437 / 360), batch 64.
 
 Budget: ``--budget`` gradient evaluations per run (default 600). One-pass methods
-(SGD, Adam, K-FAC-SGD) take ``budget`` steps; SAM-type methods (two gradients per
-step) take ``budget / 2``. All SGD-based methods use momentum 0.9 and lr 0.05; Adam
-lr 1e-3. Radii: SAM 0.05, ASAM 0.5 (eta 0.01), Fisher-SAM 0.05 (eta 1), LLQR+SAM
-0.05 in the metric ``U^-1`` (K-FAC preconditioner, equal to 1 at the mean curvature,
-damping 0.1 relative to it, refreshed every K=20 steps with beta 0.9). ``kfac-sgd`` is the
-same preconditioner alone (SGD on ``U g``, one gradient per step), the ablation the
-LLQR+SAM paper compares with.
+(SGD, Adam, K-FAC-SGD, LLQR) take ``budget`` steps; SAM-type methods (two gradients
+per step) take ``budget / 2``. All SGD-based methods use momentum 0.9 and lr 0.05;
+Adam lr 1e-3. Radii: SAM 0.05, ASAM 0.5 (eta 0.01), Fisher-SAM 0.05 (eta 1), LLQR+SAM
+0.05 in the metric ``U^-1``. ``llqr-sam`` learns a K-FAC-structured U from the LQR
+objective (``wsym.optim.learned``; refreshed every K=20 steps with beta 0.9); ``llqr``
+is that learned preconditioner alone (SGD on ``U g``, one gradient per step), the
+ablation the LLQR+SAM paper compares with. ``llqr-sam-fisher``
+and ``kfac-sgd`` are the same two with U estimated as the damped inverse K-FAC Fisher
+(equal to 1 at the mean curvature, damping 0.1 relative to it).
 
 Teleportation (``+tp``): ``wsym.teleport(..., objective="grad-norm", steps=3, lr=0.05)``
-on the current batch every 25 optimizer steps; its cost is in the wall time, not in
+on the current batch every 25 optimizer steps, moving the optimizer's state with the
+weights (``optimizer=``, ``wsym.optim.transport``); its cost is in the wall time, not in
 the gradient budget (it is a few double-backward passes).
 
 Reported per task and method, over ``--seeds`` seeds (model init and batch order):
@@ -59,13 +62,23 @@ from torch.nn import functional as F
 import wsym
 from wsym.data import load
 from wsym.errors import WsymInputError
-from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM, KroneckerFisher
+from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM
 from wsym.optim.base import frozen_buffers
 from wsym.reference import MLP, ResidualCNN, TinyTransformer
 from wsym.train import evaluate
 
-METHODS = ("sgd", "adam", "kfac-sgd", "sam", "asam", "fisher-sam", "llqr-sam")
-TWO_PASS = ("sam", "asam", "fisher-sam", "llqr-sam")
+METHODS = (
+    "sgd",
+    "adam",
+    "kfac-sgd",
+    "llqr",
+    "sam",
+    "asam",
+    "fisher-sam",
+    "llqr-sam",
+    "llqr-sam-fisher",
+)
+TWO_PASS = ("sam", "asam", "fisher-sam", "llqr-sam", "llqr-sam-fisher")
 MEASURES = ("adaptive", "fisher", "hessian-trace")
 LR, MOMENTUM, REFRESH, BETA = 0.05, 0.9, 20, 0.9
 TELEPORT_EVERY = 25
@@ -78,28 +91,6 @@ def _task(name: str, seed: int):
     return ResidualCNN(channels=8), load("digits"), 64
 
 
-class KFACSGD:
-    """The preconditioner alone: SGD with momentum on ``U g`` (one gradient per step)."""
-
-    def __init__(self, model: nn.Module):
-        self.model, self.names = model, [n for n, _ in model.named_parameters()]
-        self.pre = KroneckerFisher(beta=BETA, damping=0.1)
-        self.sgd = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        self.steps = 0
-
-    def step(self, x, y) -> None:
-        if self.steps % REFRESH == 0:
-            params = {n: p.detach() for n, p in self.model.named_parameters()}
-            self.pre.estimate(self.model, params, x)
-        self.steps += 1
-        self.sgd.zero_grad()
-        F.cross_entropy(self.model(x), y).backward()
-        grads = {n: p.grad for n, p in self.model.named_parameters()}
-        for n, p in self.model.named_parameters():
-            p.grad = self.pre.apply(grads)[n]
-        self.sgd.step()
-
-
 def _optimizer(method: str, model: nn.Module):
     sgd = {"base_optimizer": torch.optim.SGD, "lr": LR, "momentum": MOMENTUM}
     if method == "sgd":
@@ -107,16 +98,17 @@ def _optimizer(method: str, model: nn.Module):
     if method == "adam":
         return torch.optim.Adam(model.parameters(), lr=1e-3)
     if method == "kfac-sgd":
-        return KFACSGD(model)
+        return LLQR(model, preconditioner="fisher-kfac", refresh=REFRESH, beta=BETA, **sgd)
     if method == "sam":
         return SAM(model, rho=0.05, **sgd)
     if method == "asam":
         return ASAM(model, rho=0.5, eta=0.01, **sgd)
     if method == "fisher-sam":
         return FisherSAM(model, rho=0.05, eta=1.0, **sgd)
-    return LLQRSAM(
-        model, rho=0.05, preconditioner="kfac", refresh=REFRESH, beta=BETA, damping=0.1, **sgd
-    )
+    if method == "llqr":
+        return LLQR(model, preconditioner="kfac", refresh=REFRESH, beta=BETA, **sgd)
+    pre = "fisher-kfac" if method == "llqr-sam-fisher" else "kfac"
+    return LLQRSAM(model, rho=0.05, preconditioner=pre, refresh=REFRESH, beta=BETA, **sgd)
 
 
 def _batches(data, size: int, seed: int):
@@ -128,10 +120,6 @@ def _batches(data, size: int, seed: int):
 
 
 def _step(method: str, opt, model, x, y) -> None:
-    if method == "kfac-sgd":
-        opt.step(x, y)
-        return
-
     def closure():
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
@@ -168,7 +156,9 @@ def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
         if teleport and t % TELEPORT_EVERY == 0:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                wsym.teleport(model, spec, [(x, y)], F.cross_entropy, steps=3, lr=0.05)
+                wsym.teleport(
+                    model, spec, [(x, y)], F.cross_entropy, steps=3, lr=0.05, optimizer=opt
+                )
         _step(method, opt, model, x, y)
     per_step = (time.perf_counter() - start) / steps
     _, acc = evaluate(model, data.batches("test", 1024))

@@ -11,9 +11,11 @@ that step:
    objective :math:`\ell(U; \hat g_c)` (:mod:`wsym.optim.lqr`): :math:`U_{new}`;
    ``eigen`` first fits the Kronecker factors, then the scales in their eigenbasis;
 3. :math:`U_{new}` is rescaled so that the mean of :math:`\hat g_c^\top U \hat g_c` is 1
-   (below); then :math:`U \leftarrow \beta U + (1 - \beta) U_{new}` (the first refresh
-   takes :math:`U_{new}` as is; ``kfac`` averages its factors, ``eigen`` its factors and
-   its scales projected onto the averaged eigenbasis).
+   (below); then :math:`U \leftarrow \beta U + (1 - \beta) U_{new}`, the weight of
+   :math:`U_{new}` bias-corrected to :math:`(1 - \beta) / (1 - \beta^n)` at the n-th
+   refresh (the first is taken as is; ``kfac`` averages its factors, ``eigen`` its factors
+   and its scales projected onto the averaged eigenbasis). A fit that ends non-finite is
+   dropped.
 
 Scale. The LQR minimizer has the scale of an inverse curvature (the Newton step, a
 learning rate of 1). Rescaled so that :math:`\hat g^\top U \hat g = 1` on average over
@@ -134,10 +136,13 @@ class LQRPreconditioner(Preconditioner):
         self.last_objective = fit(new, lin, grads, self.damping, self.steps, self.lr, lam)
         mean = sum(float(_dot(g, new.apply(g))) for g in grads) / len(grads)
         new.scale(1.0 / mean)
+        if not new.finite():  # a failed fit (a diverged network): keep the current U
+            return
+        weight = (1 - self.beta) / (1 - self.beta ** (self.refreshes + 1))
         if self.refreshes == 0:
             self.u = new
         else:
-            self.u.average(new, self.beta)
+            self.u.average(new, 1 - weight)
         self.last_gradients = grads
         self.refreshes += 1
 

@@ -27,8 +27,9 @@ has Euclidean norm :math:`\rho`.
 
 Scale: a learned :math:`U` is rescaled at each refresh so that
 :math:`\hat g^\top U \hat g = 1` on average over the refresh's unit gradients (the
-Fisher estimates: :math:`U = 1` at the mean curvature), so learning rates and radii
-mean what they mean for SGD and SAM, and one grid serves every method.
+Fisher estimates: :math:`U = 1` at the mean curvature): at equal learning rate the
+step promises the first-order decrease of SGD's, so one grid serves every method
+(``docs/llqr.md`` says what the robustness grid shows about it).
 
 The refresh reads the batch of the step from hooks on the model: the inputs of the
 last forward call and the gradient of the loss with respect to its outputs (recorded

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import jvp, vjp
+from torch.func import jvp, vjp, vmap
 
 from wsym.curvature.objective import call
 from wsym.errors import WsymInputError
@@ -155,20 +155,31 @@ def damping_value(lin: Linearization, grads: list[Params], damping: float) -> fl
     return damping * kappa
 
 
+def _gauss_newton(lin: Linearization, v: Params) -> tuple[Tensor, Params]:
+    """``(v^T G v, G v)`` for one tangent ``v``, ``G = J^T H J``."""
+    jv = lin.jvp(v).double()
+    hjv = lin.hessian(jv)
+    return (jv * hjv).sum(), {n: t.double() for n, t in lin.vjp(hjv).items()}
+
+
 def _terms(u: Structure, lin: Linearization, grads, lam: float, raw=None):
-    total, surrogate = 0.0, 0.0
-    for g in grads:
-        v = u.apply(g, raw)
-        vd = {n: t.detach() for n, t in v.items()}
-        jv = lin.jvp(vd).double()
-        hjv = lin.hessian(jv)
-        back = lin.vjp(hjv)
-        value = -_dot(g, vd) + 0.5 * (jv * hjv).sum() + 0.5 * lam * _dot(vd, vd)
-        total = total + float(value)
-        if raw is not None:
-            w = {n: back[n].double() + lam * vd[n].double() - g[n] for n in g}
-            surrogate = surrogate + _dot(w, v)
-    return total / len(grads), surrogate
+    """Mean objective over ``grads`` and, with ``raw``, a surrogate whose gradient is its own.
+
+    The chunk gradients are stacked and the network's JVP/VJP batched over them
+    (``torch.func.vmap``).
+    """
+    stacked = {n: torch.stack([g[n] for g in grads]) for n in grads[0]}
+    v = vmap(lambda g: u.apply(g, raw))(stacked)
+    vd = {n: t.detach() for n, t in v.items()}
+    quad, back = vmap(lambda t: _gauss_newton(lin, t))(vd)
+    lin_term = sum((stacked[n] * vd[n].double()).flatten(1).sum(1) for n in stacked)
+    sq = sum((vd[n].double() ** 2).flatten(1).sum(1) for n in stacked)
+    total = float((-lin_term + 0.5 * quad + 0.5 * lam * sq).mean())
+    surrogate = 0.0
+    if raw is not None:
+        w = {n: back[n] + lam * vd[n].double() - stacked[n] for n in stacked}
+        surrogate = sum((w[n] * v[n].double()).sum() for n in stacked) / len(grads)
+    return total, surrogate
 
 
 def objective(u: Structure, lin: Linearization, grads: list[Params], lam: float) -> float:

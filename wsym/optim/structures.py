@@ -127,9 +127,20 @@ def _positive_definite(m0: Tensor, x: Tensor | None) -> Tensor:
     """``R0 (I + X)(I + X)^T R0^T`` with ``R0 = chol(M0)``, ``X`` lower triangular (or ``M0``)."""
     if x is None:
         return m0
-    r0 = torch.linalg.cholesky(m0)
+    r0 = _cholesky(m0)
     f = r0 @ (torch.eye(len(m0), dtype=m0.dtype) + torch.tril(x))
     return f @ f.T
+
+
+def _cholesky(m: Tensor) -> Tensor:
+    """Cholesky factor of a symmetric positive-definite ``m``; round-off is cured by a ridge."""
+    m = 0.5 * (m + m.T)
+    r, info = torch.linalg.cholesky_ex(m)
+    if int(info) == 0:
+        return r
+    lam, q = torch.linalg.eigh(m)
+    floor = 1e-12 * max(float(lam.abs().max()), 1e-300)
+    return torch.linalg.cholesky((q * lam.clamp_min(floor)) @ q.T)
 
 
 class Structure:
@@ -192,11 +203,28 @@ class Structure:
     def _average_blocks(self, new: Structure, beta: float) -> None:
         raise NotImplementedError
 
+    def finite(self) -> bool:
+        """Whether every tensor of the value is finite."""
+        return all(bool(torch.isfinite(t).all()) for t in _tensors(self.__dict__))
+
     def copy(self) -> Structure:
         """An independent copy."""
         out = object.__new__(type(self))
         out.__dict__ = {k: _clone(v) for k, v in self.__dict__.items()}
         return out
+
+
+def _tensors(v):
+    if isinstance(v, Tensor):
+        yield v
+    elif isinstance(v, Structure):
+        yield from _tensors(v.__dict__)
+    elif isinstance(v, dict):
+        for t in v.values():
+            yield from _tensors(t)
+    elif isinstance(v, tuple):
+        for t in v:
+            yield from _tensors(t)
 
 
 def _clone(v):
