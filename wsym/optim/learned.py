@@ -21,10 +21,13 @@ Scale. The LQR minimizer has the scale of an inverse curvature (the Newton step,
 learning rate of 1). Rescaled so that :math:`\hat g^\top U \hat g = 1` on average over
 the refresh's gradients, the preconditioned step :math:`-\eta U g` promises, to first
 order, the same loss decrease as the SGD step :math:`-\eta g` of the same learning rate;
-directions flatter than the gradients' own curvature are amplified (by at most
-:math:`1 + 1/\text{damping}` when :math:`U = C^{-1}`), sharper ones shrunk. So one
+directions flatter than the gradients' own curvature are amplified (by about
+:math:`1 + 1/\text{damping}` at most when :math:`U = C^{-1}`), sharper ones shrunk. So one
 learning-rate grid serves SGD, SAM and LLQR alike (the robustness grid of
-``benchmarks/optimizers.py`` checks it).
+``benchmarks/optimizers.py`` checks it). ``scale="newton"`` keeps the minimizer's own
+scale instead; LLQR+SAM's perturbation :math:`\rho U g / \|g\|_U` grows as
+:math:`\sqrt{U}`, so the two-scale quadratic's :math:`\bar\lambda^{-1/2}` amplification
+(``tests/test_two_scale.py``) holds with it and is normalized away by ``"gradient"``.
 
 Damping is relative: :math:`\lambda = \text{damping} \times \bar\kappa`, with
 :math:`\bar\kappa` the mean curvature :math:`\hat g_c^\top J^\top H J \hat g_c` along the
@@ -60,6 +63,7 @@ from wsym.optim.precondition import Preconditioner
 from wsym.optim.structures import STRUCTURES, Eigen, Structure, blocks_of, check_factors
 
 Params = dict[str, Tensor]
+SCALES = ("gradient", "newton")
 
 
 def check_structure(structure: Any) -> str:
@@ -81,6 +85,8 @@ class LQRPreconditioner(Preconditioner):
         lr: inner learning rate (a relative change of :math:`U` per step), > 0.
         chunks: number of batch parts whose gradients the objective averages, >= 1.
         loss: ``"cross_entropy"`` or ``"mse"``, for the output Hessian.
+        scale: ``"gradient"`` (the rule above) or ``"newton"``: the LQR minimizer's own
+            scale, an inverse curvature (learning rate 1 is the damped Newton step).
     """
 
     def __init__(
@@ -92,8 +98,12 @@ class LQRPreconditioner(Preconditioner):
         lr: float = 0.05,
         chunks: int = 4,
         loss: str = "cross_entropy",
+        scale: str = "gradient",
     ):
         super().__init__(beta=beta, damping=damping, normalize=None)
+        if scale not in SCALES:
+            raise WsymInputError(f"unknown scale {scale!r}; use one of {', '.join(SCALES)}")
+        self.scale = scale
         self.structure = check_structure(structure)
         for name, value in (("steps", steps), ("chunks", chunks)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -134,8 +144,9 @@ class LQRPreconditioner(Preconditioner):
             if self.refreshes == 0:
                 new.reset_scales()
         self.last_objective = fit(new, lin, grads, self.damping, self.steps, self.lr, lam)
-        mean = sum(float(_dot(g, new.apply(g))) for g in grads) / len(grads)
-        new.scale(1.0 / mean)
+        if self.scale == "gradient":
+            mean = sum(float(_dot(g, new.apply(g))) for g in grads) / len(grads)
+            new.scale(1.0 / mean)
         if not new.finite():  # a failed fit (a diverged network): keep the current U
             return
         weight = (1 - self.beta) / (1 - self.beta ** (self.refreshes + 1))
