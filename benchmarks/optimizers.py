@@ -45,7 +45,8 @@ every 40 steps (10 inner steps).
 Run:
     .venv/bin/python benchmarks/optimizers.py            # 5 seeds, a few minutes
     .venv/bin/python benchmarks/optimizers.py --quick    # smoke run, 1 seed, tiny budget
-    .venv/bin/python benchmarks/optimizers.py --grid     # the robustness grid (~2 min)
+    .venv/bin/python benchmarks/optimizers.py --grid     # the robustness grid (~3 min)
+    .venv/bin/python benchmarks/optimizers.py --pothole  # two-scale quadratic, U given / learned
 """
 
 from __future__ import annotations
@@ -264,9 +265,37 @@ def grid_table() -> None:
                 except WsymInputError as err:
                     print(f"| {name} | pending: {str(err)[:60]}... |", flush=True)
                     continue
-                cells = " | ".join(f"{r:.2f}" for r in ratios)
+                cells = " | ".join(f"{r:.2f}" if r < 10 else "diverged" for r in ratios)
                 print(f"| {name} | {cells} | {min(ratios):.2f} |", flush=True)
             print()
+
+
+def pothole_table() -> None:
+    """The two-scale quadratic's envelopes, with U given and learned (tests/test_two_scale.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "tests" / "test_two_scale.py"
+    spec = importlib.util.spec_from_file_location("two_scale", path)
+    ts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ts)
+    lams = ts.LAMBDAS
+
+    def learned(scale, normalize="metric"):
+        return [ts._envelope("llqr", x, normalize, u=ts._learned_u(x, scale)) for x in lams]
+
+    rows = {
+        "SAM": [ts._envelope("sam", x) for x in lams],
+        "LLQR+SAM, U = H_bar^-1": [ts._envelope("llqr", x) for x in lams],
+        'LLQR+SAM, learned U, scale="newton"': learned("newton"),
+        'LLQR+SAM, learned U, scale="gradient" (default)': learned("gradient"),
+        "LLQR+SAM, learned U (newton), ||Ug|| normalization": learned("newton", "euclidean"),
+    }
+    print("| method | " + " | ".join(f"λ̄ = {x:g}" for x in lams) + " | log-log slope |")
+    print("|---|" + "---|" * (len(lams) + 1))
+    for name, ys in rows.items():
+        cells = " | ".join(f"{y:.4g}" for y in ys)
+        print(f"| {name} | {cells} | {ts._slope(lams, ys):+.4f} |")
 
 
 def main() -> None:
@@ -277,7 +306,11 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--quick", action="store_true", help="1 seed, budget 40: a smoke run")
     parser.add_argument("--grid", action="store_true", help="the robustness grid only")
+    parser.add_argument("--pothole", action="store_true", help="the two-scale quadratic only")
     args = parser.parse_args()
+    if args.pothole:
+        pothole_table()
+        return
     if args.grid:
         torch.set_num_threads(1)
         grid_table()

@@ -22,6 +22,12 @@ the edge), and the finite window -- both far below 0.05 in log-slope over three
 decades (measured: |slope - expected| < 2e-3). The normalization by :math:`\|Ug\|`
 (the authors' practical variant) has Euclidean radius :math:`\rho` and so loses the
 :math:`\bar\lambda^{-1/2}` amplification: slope 0 too.
+
+Learned U: fitted by the LQR objective (:class:`~wsym.optim.learned.LQRPreconditioner`,
+diagonal) on the average geometry alone, then held (the slow time scale). At the LQR
+minimizer's own scale (``scale="newton"``) it is :math:`(\bar H + \lambda)^{-1}` and keeps
+the slope -1/2; rescaled by the default rule (mean :math:`\hat g^\top U \hat g = 1`) it
+no longer depends on :math:`\bar\lambda`, and neither does the envelope: slope 0.
 """
 
 import math
