@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import wsym
+from wsym.errors import WsymInputError
 from wsym.optim import SAM
 from wsym.optim.transport import transport_state
 from wsym.reference import MLP
@@ -136,3 +137,13 @@ def test_wrapped_optimizers_and_float32_state():
     assert moved.dtype == torch.float32
     s = g.components[0][1].float()  # the first hidden layer's scales: rows of w times s
     torch.testing.assert_close(moved, buffer * s[:, None])
+
+
+def test_optimizer_of_another_model_is_refused():
+    torch.manual_seed(0)
+    model, other = MLP(4, [6], 3).double(), MLP(4, [6], 3).double()
+    x, _ = _data()
+    spec = wsym.detect(model, x)
+    g = spec.sample(seed=0, scale=(0.5, 2.0), kinds=("scaling",))
+    with pytest.raises(WsymInputError, match="not the model's"):
+        transport_state(_sgd(other.parameters()), model, spec, g)

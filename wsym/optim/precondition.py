@@ -1,12 +1,12 @@
-r"""Structured inverse preconditioners :math:`U` for LLQR+SAM, refreshed as slow averages.
+r"""Fisher-estimated inverse preconditioners :math:`U` (LLQR's ``fisher-*`` options).
 
 LLQR (Dufort-Labbé et al. 2026) *learns* a block-diagonal inverse preconditioner
-by minimizing the LQR objective of the step :math:`-U g` for a quadratic model
-:math:`C` of the loss (Gauss-Newton / Fisher for the cost). Its exact solution,
-without structure, is the natural-gradient step :math:`U = C^{-1}`. wsym *estimates*
-instead of learning: :math:`U` is the damped inverse of a structured approximation
-of the Fisher (equal to the GGN for cross-entropy), with labels sampled from the
-model (the true Fisher, not the empirical one; :mod:`wsym.curvature`):
+by minimizing the LQR objective of the step :math:`-U g` (:mod:`wsym.optim.learned`,
+the default of :class:`~wsym.optim.LLQR` and :class:`~wsym.optim.LLQRSAM`). The
+classes here *estimate* it instead, as wsym did before: :math:`U` is the damped
+inverse of a structured approximation of the Fisher (equal to the GGN for
+cross-entropy), with labels sampled from the model (the true Fisher, not the
+empirical one; :mod:`wsym.curvature`):
 
 * :class:`DiagonalFisher`: :math:`U = (\hat F + \delta)^{-1}` with the diagonal Fisher;
 * :class:`KroneckerFisher`: per ``nn.Linear``, :math:`U = (A \otimes G + \delta I)^{-1}`
@@ -16,7 +16,7 @@ model (the true Fisher, not the empirical one; :mod:`wsym.curvature`):
 
 These are the structured solutions K-FAC and diagonal natural gradient use; they
 are not the minimizers of the LQR objective within each structure, which the
-learned LLQR preconditioner is (a known gap). The damping is relative:
+learned preconditioner approximates (``docs/llqr.md``). The damping is relative:
 :math:`\delta = \text{damping} \times m` with :math:`m = \operatorname{Tr}\hat F / P` the
 mean curvature over all ``P`` parameters, so it does not depend on the loss scale.
 Scale of :math:`U` (``normalize``):

@@ -463,5 +463,5 @@ def check_factors(layout: Layout, structure: str) -> None:
             if max(b.rows, b.cols) > FACTOR_LIMIT:
                 raise WsymInputError(
                     f"{b.weight} has a {b.rows} x {b.cols} block, larger than the Kronecker "
-                    f"factors' limit {FACTOR_LIMIT}; use structure='diagonal'"
+                    f"factors' limit {FACTOR_LIMIT}; use 'diagonal'"
                 )

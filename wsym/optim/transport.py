@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from wsym.act import GroupElement, act
+from wsym.errors import WsymInputError
 from wsym.spec import SymmetrySpec
 
 FIRST_MOMENTS = ("momentum_buffer", "exp_avg")
@@ -116,6 +117,12 @@ def transport_state(
     inner = getattr(optimizer, "base_optimizer", optimizer)
     before = {k: v.detach().double() for k, v in (state_dict or model.state_dict()).items()}
     names = {p: n for n, p in model.named_parameters()}
+    held = [p for g in inner.param_groups for p in g["params"]]
+    if any(p not in names for p in held):
+        raise WsymInputError(
+            "transport_state: the optimizer holds parameters that are not the model's; "
+            "pass the optimizer built on this model's parameters"
+        )
     entries: dict[str, dict[str, Tensor]] = {}
     for p, st in inner.state.items():
         for key, value in st.items():
