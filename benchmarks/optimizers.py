@@ -8,16 +8,19 @@ Tasks (CPU, float32):
   8x8 digits (1437 / 360), batch 64.
 
 Budget: ``--budget`` gradient evaluations per run (default 600). One-pass methods
-(SGD, Adam, K-FAC-SGD) take ``budget`` steps; SAM-type methods (two gradients per
-step) take ``budget / 2``. All SGD-based methods use momentum 0.9 and lr 0.05; Adam
-lr 1e-3. Radii: SAM 0.05, ASAM 0.5 (eta 0.01), Fisher-SAM 0.05 (eta 1), LLQR+SAM
-0.05 in the metric ``U^-1`` (K-FAC preconditioner, equal to 1 at the mean curvature,
-damping 0.1 relative to it, refreshed every K=20 steps with beta 0.9). ``kfac-sgd`` is the
-same preconditioner alone (SGD on ``U g``, one gradient per step), the ablation the
-LLQR+SAM paper compares with.
+(SGD, Adam, K-FAC-SGD, LLQR) take ``budget`` steps; SAM-type methods (two gradients
+per step) take ``budget / 2``. All SGD-based methods use momentum 0.9 and lr 0.05;
+Adam lr 1e-3. Radii: SAM 0.05, ASAM 0.5 (eta 0.01), Fisher-SAM 0.05 (eta 1), LLQR+SAM
+0.05 in the metric ``U^-1``. ``llqr-sam`` learns a K-FAC-structured U from the LQR
+objective (``wsym.optim.learned``; refreshed every K=20 steps with beta 0.9); ``llqr``
+is that learned preconditioner alone (SGD on ``U g``, one gradient per step), the
+ablation the LLQR+SAM paper compares with. ``llqr-sam-fisher``
+and ``kfac-sgd`` are the same two with U estimated as the damped inverse K-FAC Fisher
+(equal to 1 at the mean curvature, damping 0.1 relative to it).
 
 Teleportation (``+tp``): ``wsym.teleport(..., objective="grad-norm", steps=3, lr=0.05)``
-on the current batch every 25 optimizer steps; its cost is in the wall time, not in
+on the current batch every 25 optimizer steps, moving the optimizer's state with the
+weights (``optimizer=``, ``wsym.optim.transport``); its cost is in the wall time, not in
 the gradient budget (it is a few double-backward passes).
 
 Reported per task and method, over ``--seeds`` seeds (model init and batch order):
@@ -29,9 +32,21 @@ probes) and ``hessian-trace`` (10 probes). ``geodesic-mix`` is left out: on both
 models it equals ``adaptive`` (the MLP's two ReLU layers share a weight matrix and the
 CNN's channels carry norm_scaling groups, so no GL or GL(1) block is available).
 
+Robustness grid (``--grid``; the same cells are tests/test_robustness.py): every
+optimizer of ``wsym.optim`` on SGD (momentum 0.9) and on Adam trains three digits
+models -- the 64-32-32-10 ReLU MLP, ``ResidualCNN(channels=4)`` (BatchNorm) and a
+one-block ``TinyTransformer`` on the image rows -- for ``GRID_STEPS`` steps of batch
+64 at each learning rate of a grid spanning 30x (SGD 0.03-1, Adam 1e-3-3e-2);
+reported: the loss on the first 256 training images (training mode) after the run as
+a fraction of its start, per learning rate. Radii: SAM and Fisher-SAM 0.05, ASAM 0.5,
+GeoSAM 0.05, LLQR+SAM 0.05; LLQR and LLQR+SAM learn a K-FAC-structured U, refreshed
+every 40 steps (10 inner steps).
+
 Run:
     .venv/bin/python benchmarks/optimizers.py            # 5 seeds, a few minutes
     .venv/bin/python benchmarks/optimizers.py --quick    # smoke run, 1 seed, tiny budget
+    .venv/bin/python benchmarks/optimizers.py --grid     # the robustness grid (~3 min)
+    .venv/bin/python benchmarks/optimizers.py --pothole  # two-scale quadratic, U given / learned
 """
 
 from __future__ import annotations
@@ -47,12 +62,24 @@ from torch.nn import functional as F
 
 import wsym
 from wsym.data import load
-from wsym.optim import ASAM, LLQRSAM, SAM, FisherSAM, KroneckerFisher
-from wsym.reference import MLP, ResidualCNN
+from wsym.errors import WsymInputError
+from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM
+from wsym.optim.base import frozen_buffers
+from wsym.reference import MLP, ResidualCNN, TinyTransformer
 from wsym.train import evaluate
 
-METHODS = ("sgd", "adam", "kfac-sgd", "sam", "asam", "fisher-sam", "llqr-sam")
-TWO_PASS = ("sam", "asam", "fisher-sam", "llqr-sam")
+METHODS = (
+    "sgd",
+    "adam",
+    "kfac-sgd",
+    "llqr",
+    "sam",
+    "asam",
+    "fisher-sam",
+    "llqr-sam",
+    "llqr-sam-fisher",
+)
+TWO_PASS = ("sam", "asam", "fisher-sam", "llqr-sam", "llqr-sam-fisher")
 MEASURES = ("adaptive", "fisher", "hessian-trace")
 LR, MOMENTUM, REFRESH, BETA = 0.05, 0.9, 20, 0.9
 TELEPORT_EVERY = 25
@@ -65,28 +92,6 @@ def _task(name: str, seed: int):
     return ResidualCNN(channels=8), load("digits"), 64
 
 
-class KFACSGD:
-    """The preconditioner alone: SGD with momentum on ``U g`` (one gradient per step)."""
-
-    def __init__(self, model: nn.Module):
-        self.model, self.names = model, [n for n, _ in model.named_parameters()]
-        self.pre = KroneckerFisher(beta=BETA, damping=0.1)
-        self.sgd = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        self.steps = 0
-
-    def step(self, x, y) -> None:
-        if self.steps % REFRESH == 0:
-            params = {n: p.detach() for n, p in self.model.named_parameters()}
-            self.pre.estimate(self.model, params, x)
-        self.steps += 1
-        self.sgd.zero_grad()
-        F.cross_entropy(self.model(x), y).backward()
-        grads = {n: p.grad for n, p in self.model.named_parameters()}
-        for n, p in self.model.named_parameters():
-            p.grad = self.pre.apply(grads)[n]
-        self.sgd.step()
-
-
 def _optimizer(method: str, model: nn.Module):
     sgd = {"base_optimizer": torch.optim.SGD, "lr": LR, "momentum": MOMENTUM}
     if method == "sgd":
@@ -94,16 +99,17 @@ def _optimizer(method: str, model: nn.Module):
     if method == "adam":
         return torch.optim.Adam(model.parameters(), lr=1e-3)
     if method == "kfac-sgd":
-        return KFACSGD(model)
+        return LLQR(model, preconditioner="fisher-kfac", refresh=REFRESH, beta=BETA, **sgd)
     if method == "sam":
         return SAM(model, rho=0.05, **sgd)
     if method == "asam":
         return ASAM(model, rho=0.5, eta=0.01, **sgd)
     if method == "fisher-sam":
         return FisherSAM(model, rho=0.05, eta=1.0, **sgd)
-    return LLQRSAM(
-        model, rho=0.05, preconditioner="kfac", refresh=REFRESH, beta=BETA, damping=0.1, **sgd
-    )
+    if method == "llqr":
+        return LLQR(model, preconditioner="kfac", refresh=REFRESH, beta=BETA, **sgd)
+    pre = "fisher-kfac" if method == "llqr-sam-fisher" else "kfac"
+    return LLQRSAM(model, rho=0.05, preconditioner=pre, refresh=REFRESH, beta=BETA, **sgd)
 
 
 def _batches(data, size: int, seed: int):
@@ -115,10 +121,6 @@ def _batches(data, size: int, seed: int):
 
 
 def _step(method: str, opt, model, x, y) -> None:
-    if method == "kfac-sgd":
-        opt.step(x, y)
-        return
-
     def closure():
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
@@ -155,7 +157,9 @@ def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
         if teleport and t % TELEPORT_EVERY == 0:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                wsym.teleport(model, spec, [(x, y)], F.cross_entropy, steps=3, lr=0.05)
+                wsym.teleport(
+                    model, spec, [(x, y)], F.cross_entropy, steps=3, lr=0.05, optimizer=opt
+                )
         _step(method, opt, model, x, y)
     per_step = (time.perf_counter() - start) / steps
     _, acc = evaluate(model, data.batches("test", 1024))
@@ -171,6 +175,129 @@ def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
     return {"acc": acc, "time": per_step, **sharp}
 
 
+GRID_OPTIMIZERS = ("sam", "asam", "fisher-sam", "geosam", "llqr", "llqr-sam")
+GRID_BASES = {"sgd": (0.03, 0.1, 0.3, 1.0), "adam": (1e-3, 3e-3, 1e-2, 3e-2)}
+GRID_TASKS = ("digits-mlp", "digits-bn-cnn", "digits-transformer")
+GRID_STEPS, GRID_BATCH, GRID_REFRESH = 80, 64, 40
+
+
+def grid_task(task: str, seed: int = 0):
+    """``(model, inputs, labels)``: a digits model and the training set in its input shape."""
+    data = load("digits")
+    x, y = data.x_train, data.y_train
+    torch.manual_seed(seed)
+    if task == "digits-mlp":
+        return MLP(64, [32, 32], 10), x.reshape(len(x), 64), y
+    if task == "digits-bn-cnn":
+        return ResidualCNN(channels=4), x, y
+    return TinyTransformer(patch=8, seq=8, dim=16, heads=2, depth=1, hidden=32), x[:, 0], y
+
+
+def grid_optimizer(name: str, base: str, model: nn.Module, lr: float, example):
+    """One optimizer of the grid (module docstring); raises what its constructor raises."""
+    kw = {"lr": lr}
+    if base == "sgd":
+        kw.update(base_optimizer=torch.optim.SGD, momentum=MOMENTUM)
+    else:
+        kw.update(base_optimizer=torch.optim.Adam)
+    if name == "sam":
+        return SAM(model, rho=0.05, **kw)
+    if name == "asam":
+        return ASAM(model, rho=0.5, **kw)
+    if name == "fisher-sam":
+        return FisherSAM(model, rho=0.05, **kw)
+    if name == "geosam":
+        return GeoSAM(model, rho=0.05, example_inputs=example, **kw)
+    if name == "llqr":
+        return LLQR(model, preconditioner="kfac", refresh=GRID_REFRESH, inner_steps=10, **kw)
+    return LLQRSAM(
+        model, rho=0.05, preconditioner="kfac", refresh=GRID_REFRESH, inner_steps=10, **kw
+    )
+
+
+def _train_loss(model: nn.Module, x, y) -> float:
+    with torch.no_grad(), frozen_buffers(model):
+        return float(F.cross_entropy(model(x), y))
+
+
+def _grid_step(name: str, opt, model: nn.Module, x, y) -> None:
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    if name == "llqr":
+        closure()
+        opt.step()
+    else:
+        opt.step(closure)
+
+
+def grid_cell(task: str, name: str, base: str, seed: int = 0) -> list[float]:
+    """Final / initial training loss at each learning rate of ``base``'s grid."""
+    ratios = []
+    for lr in GRID_BASES[base]:
+        model, x, y = grid_task(task, seed)
+        model.train()
+        probe = (x[:256], y[:256])
+        opt = grid_optimizer(name, base, model, lr, x[:8])
+        start = _train_loss(model, *probe)
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(GRID_STEPS):
+            idx = torch.randint(0, len(y), (GRID_BATCH,), generator=gen)
+            _grid_step(name, opt, model, x[idx], y[idx])
+        end = _train_loss(model, *probe)
+        ratios.append(end / start if end == end else float("inf"))
+    return ratios
+
+
+def grid_table() -> None:
+    """Print the robustness grid as markdown tables, one per task."""
+    for task in GRID_TASKS:
+        print(f"\n### {task}: loss after {GRID_STEPS} steps / loss at start\n")
+        for base, lrs in GRID_BASES.items():
+            print(f"| {base} | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |")
+            print("|---|" + "---|" * (len(lrs) + 1))
+            for name in GRID_OPTIMIZERS:
+                try:
+                    ratios = grid_cell(task, name, base)
+                except WsymInputError as err:
+                    print(f"| {name} | pending: {str(err)[:60]}... |", flush=True)
+                    continue
+                cells = " | ".join(f"{r:.2f}" if r < 10 else "diverged" for r in ratios)
+                print(f"| {name} | {cells} | {min(ratios):.2f} |", flush=True)
+            print()
+
+
+def pothole_table() -> None:
+    """The two-scale quadratic's envelopes, with U given and learned (tests/test_two_scale.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "tests" / "test_two_scale.py"
+    spec = importlib.util.spec_from_file_location("two_scale", path)
+    ts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ts)
+    lams = ts.LAMBDAS
+
+    def learned(scale, normalize="metric"):
+        return [ts._envelope("llqr", x, normalize, u=ts._learned_u(x, scale)) for x in lams]
+
+    rows = {
+        "SAM": [ts._envelope("sam", x) for x in lams],
+        "LLQR+SAM, U = H_bar^-1": [ts._envelope("llqr", x) for x in lams],
+        'LLQR+SAM, learned U, scale="newton"': learned("newton"),
+        'LLQR+SAM, learned U, scale="gradient" (default)': learned("gradient"),
+        "LLQR+SAM, learned U (newton), ||Ug|| normalization": learned("newton", "euclidean"),
+    }
+    print("| method | " + " | ".join(f"λ̄ = {x:g}" for x in lams) + " | log-log slope |")
+    print("|---|" + "---|" * (len(lams) + 1))
+    for name, ys in rows.items():
+        cells = " | ".join(f"{y:.4g}" for y in ys)
+        print(f"| {name} | {cells} | {ts._slope(lams, ys):+.4f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -178,7 +305,16 @@ def main() -> None:
     parser.add_argument("--tasks", default="mnist1d-mlp,digits-cnn")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--quick", action="store_true", help="1 seed, budget 40: a smoke run")
+    parser.add_argument("--grid", action="store_true", help="the robustness grid only")
+    parser.add_argument("--pothole", action="store_true", help="the two-scale quadratic only")
     args = parser.parse_args()
+    if args.pothole:
+        pothole_table()
+        return
+    if args.grid:
+        torch.set_num_threads(1)
+        grid_table()
+        return
     if args.quick:
         args.seeds, args.budget = 1, 40
     torch.set_num_threads(1)

@@ -86,8 +86,10 @@ def test_step_decreases_convex_quadratic(name, base):
         assert float(_mse(model(x), y)) < before
 
 
-@pytest.mark.parametrize("name", ["llqr-diagonal", "llqr-kfac"])
-def test_llqr_fisher_step_decreases_convex_logistic_loss(name):
+@pytest.mark.parametrize(
+    "name", ["llqr-fisher-diagonal", "llqr-fisher-kfac", "llqr-diagonal", "llqr-kfac"]
+)
+def test_llqr_step_decreases_convex_logistic_loss(name):
     x, y = _classification()
     torch.manual_seed(0)
     model = nn.Linear(5, 3).double()
@@ -134,7 +136,7 @@ def test_sam_asam_fisher_perturbation_has_norm_rho_in_own_metric(seed, rho):
     assert float(norm) == pytest.approx(rho, rel=1e-9)
 
 
-@pytest.mark.parametrize("kind", ["diagonal", "kfac"])
+@pytest.mark.parametrize("kind", ["fisher-diagonal", "fisher-kfac", "diagonal", "kfac"])
 def test_llqr_perturbation_has_norm_rho_in_metric_u_inverse(kind):
     x, y = _classification()
     torch.manual_seed(0)
@@ -200,7 +202,7 @@ class _Counting(FixedDiagonal):
         super().__init__(diagonal)
         self.calls = 0
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         self.calls += 1
 
 
@@ -282,6 +284,9 @@ def test_bad_hyperparameters_raise_clear_errors():
             LLQRSAM(model, refresh=k, lr=0.1)
     with pytest.raises(WsymInputError, match="preconditioner"):
         LLQRSAM(model, preconditioner="shampoo", lr=0.1)
+    for lr in (0, -0.1):
+        with pytest.raises(WsymInputError, match="lr must be a positive number"):
+            SAM(model, lr=lr)
     with pytest.raises(WsymInputError, match="beta"):
         LLQRSAM(model, beta=1.0, lr=0.1)
     with pytest.raises(WsymInputError, match="needs a closure"):

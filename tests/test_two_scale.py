@@ -22,6 +22,12 @@ the edge), and the finite window -- both far below 0.05 in log-slope over three
 decades (measured: |slope - expected| < 2e-3). The normalization by :math:`\|Ug\|`
 (the authors' practical variant) has Euclidean radius :math:`\rho` and so loses the
 :math:`\bar\lambda^{-1/2}` amplification: slope 0 too.
+
+Learned U: fitted by the LQR objective (:class:`~wsym.optim.learned.LQRPreconditioner`,
+diagonal) on the average geometry alone, then held (the slow time scale). At the LQR
+minimizer's own scale (``scale="newton"``) it is :math:`(\bar H + \lambda)^{-1}` and keeps
+the slope -1/2; rescaled by the default rule (mean :math:`\hat g^\top U \hat g = 1`) it
+no longer depends on :math:`\bar\lambda`, and neither does the envelope: slope 0.
 """
 
 import math
@@ -30,7 +36,7 @@ import pytest
 import torch
 from torch import nn
 
-from wsym.optim import LLQRSAM, SAM, FixedDiagonal
+from wsym.optim import LLQRSAM, SAM, FixedDiagonal, LQRPreconditioner
 
 RHO, C, STEPS, WINDOW = 0.01, 1.0, 400, 50
 LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0)
@@ -57,14 +63,38 @@ def _curvatures(lam_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
     return h_bar, h_bar + h_eps
 
 
-def _envelope(method: str, lam_bar: float, normalize: str = "metric") -> float:
+class Smooth(nn.Module):
+    """The average geometry alone as a network: outputs ``sqrt(h_bar) * theta``, squared error."""
+
+    def __init__(self, h_bar: torch.Tensor):
+        super().__init__()
+        self.scale = h_bar.sqrt()
+        self.theta = nn.Parameter(torch.ones_like(h_bar))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.scale * self.theta).expand(len(x), -1)
+
+
+def _learned_u(lam_bar: float, scale: str) -> torch.Tensor:
+    """U learned from the LQR objective on the average geometry (the slow time scale)."""
+    h_bar, _ = _curvatures(lam_bar)
+    model = Smooth(h_bar)
+    x = torch.zeros(1, 1, dtype=torch.float64)
+    out = model(x)
+    dz = torch.autograd.grad(0.5 * (out**2).sum(), out)[0]
+    pre = LQRPreconditioner("diagonal", damping=1e-3, steps=300, lr=0.1, loss="mse", scale=scale)
+    pre.estimate(model, {"theta": model.theta.detach()}, x, output_grad=dz)
+    return pre.apply({"theta": torch.ones(8, dtype=torch.float64)})["theta"]
+
+
+def _envelope(method: str, lam_bar: float, normalize: str = "metric", u=None) -> float:
     h_bar, h = _curvatures(lam_bar)
     theta0 = torch.randn(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     model = Quadratic(h, theta0)
     if method == "sam":
         opt = SAM(model, rho=RHO, lr=C / float(h.max()))
     else:
-        u = 1.0 / h_bar
+        u = 1.0 / h_bar if u is None else u
         opt = LLQRSAM(
             model,
             rho=RHO,
@@ -116,4 +146,21 @@ def test_llqr_envelope_scales_as_inverse_sqrt_lambda(envelopes):
 
 def test_euclidean_normalization_loses_the_amplification():
     ys = [_envelope("llqr", lam, normalize="euclidean") for lam in LAMBDAS]
+    assert abs(_slope(LAMBDAS, ys)) < 0.05
+
+
+def test_learned_u_keeps_the_amplification_at_its_own_scale():
+    """U learned by the LQR objective on the average geometry: (H_bar + lambda)^-1, Newton scale."""
+    ys = []
+    for lam in LAMBDAS:
+        u = _learned_u(lam, "newton")
+        h_bar, _ = _curvatures(lam)
+        torch.testing.assert_close(u * h_bar, torch.full_like(u, 1 / 1.001), rtol=2e-3, atol=0)
+        ys.append(_envelope("llqr", lam, u=u))
+    assert abs(_slope(LAMBDAS, ys) + 0.5) < 0.05
+
+
+def test_gradient_scaled_learned_u_normalizes_the_amplification_away():
+    """The default scale rule (mean g^T U g = 1 over unit gradients) removes lambda_bar from U."""
+    ys = [_envelope("llqr", lam, u=_learned_u(lam, "gradient")) for lam in LAMBDAS]
     assert abs(_slope(LAMBDAS, ys)) < 0.05

@@ -23,13 +23,15 @@ e.g. a norm_scaling group in train mode with a large ``eps``), a
 :class:`~wsym.errors.SymmetryWarning` is issued and the model is left unchanged.
 
 The model is moved **in place** (its parameter and buffer tensors are overwritten,
-so optimizers holding them keep working) and returned. Optimizer state (momentum,
-Adam moments) is not transported: it stays in the old coordinates. Inside training,
-call it every ``N`` steps::
+so optimizers holding them keep working) and returned. With ``optimizer=``, its state
+(momentum, Adam moments) moves with the weights
+(:func:`wsym.optim.transport.transport_state`: the pending step is the same move in
+function space); without, it stays in the old coordinates. Inside training, call it
+every ``N`` steps::
 
     for step, (x, y) in enumerate(loader):
         if step % N == 0:
-            wsym.teleport(model, spec, [(x, y)], loss_fn, steps=10, lr=0.05)
+            wsym.teleport(model, spec, [(x, y)], loss_fn, steps=10, lr=0.05, optimizer=opt)
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
 
 Example:
@@ -178,6 +180,7 @@ def teleport(
     tol: float = 1e-6,
     probes: int = 4,
     seed: int = 0,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> nn.Module:
     """Move ``model`` in place along its symmetry orbit (module docstring); returns it.
 
@@ -193,6 +196,7 @@ def teleport(
         tol: largest relative change of the loss accepted (else warn, do not move).
         probes: Rademacher probes of the Hessian trace (``objective="sharpness"``).
         seed: seed of the probes.
+        optimizer: an optimizer over ``model``'s parameters whose state moves too.
 
     Returns:
         ``model``, moved.
@@ -248,6 +252,10 @@ def teleport(
             stacklevel=2,
         )
         return model
+    if optimizer is not None:  # before the weights move: it reads the old state
+        from wsym.optim.transport import transport_state
+
+        transport_state(optimizer, model, spec, element(spec, groups, best), state)
     with torch.no_grad():
         for key, tensor in model.state_dict(keep_vars=True).items():
             if key in moved and tensor.is_floating_point():

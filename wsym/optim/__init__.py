@@ -1,23 +1,29 @@
-"""Geometry-aware optimizers: the SAM family, geodesic SAM and LLQR+SAM.
+"""Geometry-aware optimizers: the SAM family, geodesic SAM, LLQR and LLQR+SAM.
 
 All wrap a base optimizer and take a closure (zero grads, loss, backward, return loss):
 
 * :class:`SAM`, :class:`ASAM`, :class:`FisherSAM` -- :mod:`wsym.optim.sam`;
 * :class:`GeoSAM` -- perturbation along the quotient geometry, :mod:`wsym.optim.geosam`;
-* :class:`LLQRSAM` -- preconditioned perturbation and update, :mod:`wsym.optim.llqr`,
-  with the preconditioners of :mod:`wsym.optim.precondition`.
+* :class:`LLQR` (one gradient per step) and :class:`LLQRSAM` -- steps preconditioned
+  by a structured :math:`U` learned from the LQR objective (:mod:`wsym.optim.learned`,
+  :mod:`wsym.optim.lqr`, :mod:`wsym.optim.structures`) or estimated from the Fisher
+  (:mod:`wsym.optim.precondition`), :mod:`wsym.optim.llqr`.
 
-The two-pass step lives in :class:`~wsym.optim.base.SharpnessAware`.
+The two-pass step lives in :class:`~wsym.optim.base.SharpnessAware`;
+:func:`~wsym.optim.transport.transport_state` moves an optimizer's state along a group
+element (teleportation).
 """
 
 from wsym.optim.base import SharpnessAware
 from wsym.optim.geosam import GeoSAM
-from wsym.optim.llqr import LLQRSAM
+from wsym.optim.learned import LQRPreconditioner
+from wsym.optim.llqr import LLQR, LLQRSAM
 from wsym.optim.precondition import DiagonalFisher, FixedDiagonal, KroneckerFisher, Preconditioner
 from wsym.optim.sam import ASAM, SAM, FisherSAM
 
 __all__ = [
     "ASAM",
+    "LLQR",
     "LLQRSAM",
     "SAM",
     "DiagonalFisher",
@@ -25,6 +31,7 @@ __all__ = [
     "FixedDiagonal",
     "GeoSAM",
     "KroneckerFisher",
+    "LQRPreconditioner",
     "Preconditioner",
     "SharpnessAware",
 ]

@@ -105,6 +105,8 @@ class SharpnessAware(torch.optim.Optimizer):
         **kwargs: Any,
     ):
         check_positive("rho", rho, "rho=0.05")
+        if "lr" in kwargs:
+            check_positive("lr", kwargs["lr"], "lr=0.1")
         self.module = params if isinstance(params, nn.Module) else None
         if self.module is not None:
             params = [p for p in self.module.parameters() if p.requires_grad]

@@ -1,12 +1,12 @@
-r"""Structured inverse preconditioners :math:`U` for LLQR+SAM, refreshed as slow averages.
+r"""Fisher-estimated inverse preconditioners :math:`U` (LLQR's ``fisher-*`` options).
 
 LLQR (Dufort-Labbé et al. 2026) *learns* a block-diagonal inverse preconditioner
-by minimizing the LQR objective of the step :math:`-U g` for a quadratic model
-:math:`C` of the loss (Gauss-Newton / Fisher for the cost). Its exact solution,
-without structure, is the natural-gradient step :math:`U = C^{-1}`. wsym *estimates*
-instead of learning: :math:`U` is the damped inverse of a structured approximation
-of the Fisher (equal to the GGN for cross-entropy), with labels sampled from the
-model (the true Fisher, not the empirical one; :mod:`wsym.curvature`):
+by minimizing the LQR objective of the step :math:`-U g` (:mod:`wsym.optim.learned`,
+the default of :class:`~wsym.optim.LLQR` and :class:`~wsym.optim.LLQRSAM`). The
+classes here *estimate* it instead, as wsym did before: :math:`U` is the damped
+inverse of a structured approximation of the Fisher (equal to the GGN for
+cross-entropy), with labels sampled from the model (the true Fisher, not the
+empirical one; :mod:`wsym.curvature`):
 
 * :class:`DiagonalFisher`: :math:`U = (\hat F + \delta)^{-1}` with the diagonal Fisher;
 * :class:`KroneckerFisher`: per ``nn.Linear``, :math:`U = (A \otimes G + \delta I)^{-1}`
@@ -16,7 +16,7 @@ model (the true Fisher, not the empirical one; :mod:`wsym.curvature`):
 
 These are the structured solutions K-FAC and diagonal natural gradient use; they
 are not the minimizers of the LQR objective within each structure, which the
-learned LLQR preconditioner is (a known gap). The damping is relative:
+learned preconditioner approximates (``docs/llqr.md``). The damping is relative:
 :math:`\delta = \text{damping} \times m` with :math:`m = \operatorname{Tr}\hat F / P` the
 mean curvature over all ``P`` parameters, so it does not depend on the loss scale.
 Scale of :math:`U` (``normalize``):
@@ -80,8 +80,15 @@ class Preconditioner:
         self.beta, self.damping, self.samples, self.normalize = beta, damping, samples, normalize
         self.refreshes = 0
 
-    def estimate(self, model: nn.Module, params: Params, inputs: Any) -> None:
-        """Refresh :math:`U` at ``params`` from a batch of ``inputs`` (a moving average)."""
+    def estimate(
+        self, model: nn.Module, params: Params, inputs: Any, output_grad: Tensor | None = None
+    ) -> None:
+        """Refresh :math:`U` at ``params`` from a batch of ``inputs`` (a moving average).
+
+        ``output_grad``, the loss's gradient with respect to the outputs of that batch,
+        is used by learned preconditioners (:mod:`wsym.optim.learned`); the Fisher
+        estimates ignore it (they sample labels from the model).
+        """
         raise NotImplementedError
 
     def apply(self, grads: Params) -> Params:
@@ -107,7 +114,7 @@ class FixedDiagonal(Preconditioner):
             raise WsymInputError("FixedDiagonal needs a positive diagonal; pass U = 1 / curvature")
         self.diagonal = diagonal
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         """No refresh."""
 
     def apply(self, grads):
@@ -122,7 +129,7 @@ class DiagonalFisher(Preconditioner):
         super().__init__(**kwargs)
         self.diagonal: Params | None = None
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         """Refresh the diagonal: EMA of the normalized inverse."""
         fisher = self._fisher(model, params, inputs)
         mean = torch.cat([f.reshape(-1) for f in fisher.values()]).mean()
@@ -153,7 +160,7 @@ class KroneckerFisher(Preconditioner):
         self.eigen: dict[str, tuple] = {}
         self.scale = 1.0
 
-    def estimate(self, model, params, inputs):
+    def estimate(self, model, params, inputs, output_grad=None):
         """Refresh: EMA of the factors (and of the diagonal Fisher elsewhere), then eigh."""
         try:
             new = kfac_factors(model, [(inputs, None)], self.samples, self.refreshes, params)
