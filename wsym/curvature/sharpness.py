@@ -1,7 +1,7 @@
 r"""Fisher-Riemannian sharpness :math:`S_R = \operatorname{Tr}(F^{-1} \nabla^2 \mathcal{L})`.
 
 The Hessian measured in the Fisher metric (Ahmed, Sarmah, Dutta 2026; see
-``GEOMETRY.md``). Two estimators:
+``docs/geometry.md``). Two estimators:
 
 * **diagonal** (:func:`fisher_riemannian_sharpness`):
   :math:`S_R \approx \sum_i \hat H_{ii} / (\hat F_{ii} + \delta)` with the

@@ -11,7 +11,7 @@ Everything takes plain tensors, batched over leading dims (one block per head):
 * :mod:`~wsym.geometry.conserved` -- ``G^T G - H^T H``, conserved by gradient flow;
 * :mod:`~wsym.geometry.reference` -- slow autograd / ODE / Kronecker references for tests.
 
-The formulas are in ``GEOMETRY.md`` and in each module's docstring.
+The formulas are in ``docs/geometry.md`` and in each module's docstring.
 """
 
 from wsym.geometry.block import DEFAULT_EPS, METRICS, Gram, Metric, Pair, act, vertical
