@@ -210,8 +210,9 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, cpu, threads {torch.get_num_threads()}")
+    few, many = (1, 3) if args.stock else (FEW, MANY)
     print(
-        f"per step = (t(steps={MANY}) - t(steps={FEW})) / {MANY - FEW}, "
+        f"per step = (t(steps={many}) - t(steps={few})) / {many - few}, "
         f"median of {args.repeats} repeats after warm-up, {args.clock} clock"
     )
     print(
@@ -225,7 +226,7 @@ def main():
             ("GPT-2 8x32", gpt2),
         ):
             model, batches, loss = build()
-            times = step_times(model, batches, loss, args.repeats, args.clock, 1, 3)
+            times = step_times(model, batches, loss, args.repeats, args.clock, few, many)
             report(name, model, *times, goal=1.3)
         return
     models = (

@@ -6,12 +6,14 @@ reported group is also checked numerically by the tests that use this registry.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+import wsym
 from wsym.reference import MLP, ResidualCNN, TinyTransformer
 
 
@@ -352,3 +354,88 @@ def fit_scaled_mlps(sds: list, y, **kwargs):
     from wsym.metanet import fit
 
     return fit(lambda: MLP(4, [6], 3), sds, y, example_inputs=torch.randn(2, 4), **kwargs)
+
+
+# -- stock models for the invariant measures (random weights, float64, eval mode) --------
+
+
+def stock_output(o):
+    if torch.is_tensor(o):
+        return o
+    return o.last_hidden_state if hasattr(o, "last_hidden_state") else o.logits
+
+
+def _stock_gpt2():
+    import transformers
+
+    cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=32, n_positions=16)
+    return transformers.GPT2Model(cfg)
+
+
+def _stock_cnn():
+    model = ResidualCNN(channels=4)
+    gen = torch.Generator().manual_seed(5)
+    for m in model.modules():  # running statistics away from (0, 1): norm_scaling moves them
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
+            m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
+    return model
+
+
+def _stock_ids(vocab, shape):
+    return lambda: {"input_ids": torch.randint(0, vocab, shape, generator=stock_generator())}
+
+
+def stock_generator():
+    return torch.Generator().manual_seed(7)
+
+
+def _stock_images(*shape):
+    return lambda: torch.randn(shape, generator=stock_generator())
+
+
+def _stock_timm(name, **kw):
+    import timm
+
+    return lambda: timm.create_model(name, pretrained=False, **kw)
+
+
+STOCK = {
+    "mlp3": (lambda: MLP(6, [5, 4, 4], 3), _stock_images(8, 6)),
+    "cnn": (_stock_cnn, _stock_images(4, 1, 6, 6)),
+    "resnet18": (_resnet18, _stock_images(2, 3, 32, 32)),
+    "vit_tiny": (
+        _stock_timm("vit_tiny_patch16_224", depth=2, img_size=32),
+        _stock_images(2, 3, 32, 32),
+    ),
+    "convnext_atto": (_stock_timm("convnext_atto"), _stock_images(1, 3, 32, 32)),
+    "gpt2": (_stock_gpt2, _stock_ids(32, (2, 6))),
+    "llama": (_llama, _stock_ids(64, (2, 6))),
+    "bert": (_bert, _stock_ids(100, (2, 6))),
+    "e3nn": (_e3nn, _stock_images(5, 13)),
+}
+"""Stock models for the invariant measures: name -> (factory, inputs)."""
+STOCK_HEAVY = {"resnet18", "vit_tiny", "convnext_atto"}
+_BUILT: dict = {}
+
+
+def stock_case(name):
+    """(float64 model in eval mode, batches, loss, spec), built once per session."""
+    if name not in _BUILT:
+        build, inputs = STOCK[name]
+        torch.manual_seed(0)
+        model = build().double().eval()
+        x = inputs()
+        x = x.double() if torch.is_tensor(x) else x
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = wsym.detect(model, x)
+        with torch.no_grad():
+            y = stock_output(model(**x) if isinstance(x, dict) else model(x))
+        target = torch.randn(y.shape, generator=stock_generator(), dtype=torch.float64)
+
+        def loss(out, t):
+            return ((stock_output(out) - t) ** 2).mean()
+
+        _BUILT[name] = (model, [(x, target)], loss, spec)
+    return _BUILT[name]

@@ -6,10 +6,10 @@ a move off the orbit must change the value (it is not trivially constant).
 """
 
 import copy
-import warnings
 
 import pytest
 import torch
+from cases import STOCK, STOCK_HEAVY, _e3nn, stock_case, stock_generator
 
 import wsym
 from wsym.act import sample
@@ -17,137 +17,16 @@ from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.geometry import horizontal
 from wsym.group.generators import continuous_groups
 from wsym.perturbation import Geodesic
-from wsym.reference import MLP, ResidualCNN
+from wsym.reference import MLP
 from wsym.sharpness import Estimate, sharpness
 from wsym.sharpness.gauge import balanced, gauged_groups
 
 TOL = 1e-6
 
 
-def _out(o):
-    if torch.is_tensor(o):
-        return o
-    return o.last_hidden_state if hasattr(o, "last_hidden_state") else o.logits
-
-
-def _gpt2():
-    import transformers
-
-    cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=32, n_positions=16)
-    return transformers.GPT2Model(cfg)
-
-
-def _llama():
-    import transformers
-
-    cfg = transformers.LlamaConfig(
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=32,
-        max_position_embeddings=16,
-    )
-    return transformers.LlamaForCausalLM(cfg)
-
-
-def _bert():
-    import transformers
-
-    cfg = transformers.BertConfig(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
-        vocab_size=32,
-    )  # fmt: skip
-    return transformers.BertModel(cfg)
-
-
-def _e3nn():
-    from e3nn import nn as enn
-    from e3nn import o3
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.l1 = o3.Linear("4x0e + 3x1o", "8x0e + 4x0e + 4x1o")
-            self.gate = enn.Gate("8x0e", [torch.relu], "4x0e", [torch.sigmoid], "4x1o")
-            self.l2 = o3.Linear("8x0e + 4x1o", "2x0e + 1x1o")
-
-        def forward(self, x):
-            return self.l2(self.gate(self.l1(x)))
-
-    return Net()
-
-
-def _cnn():
-    model = ResidualCNN(channels=4)
-    gen = torch.Generator().manual_seed(5)
-    for m in model.modules():  # running statistics away from (0, 1): norm_scaling moves them
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
-            m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
-    return model
-
-
-def _ids(vocab, shape):
-    return lambda: {"input_ids": torch.randint(0, vocab, shape, generator=_gen())}
-
-
-def _gen():
-    return torch.Generator().manual_seed(7)
-
-
-def _images(*shape):
-    return lambda: torch.randn(shape, generator=_gen())
-
-
-def _timm(name, **kw):
-    import timm
-
-    return lambda: timm.create_model(name, pretrained=False, **kw)
-
-
-def _resnet18():
-    import torchvision
-
-    return torchvision.models.resnet18(num_classes=10)
-
-
-MODELS = {
-    "mlp3": (lambda: MLP(6, [5, 4, 4], 3), _images(8, 6)),
-    "cnn": (_cnn, _images(4, 1, 6, 6)),
-    "resnet18": (_resnet18, _images(2, 3, 32, 32)),
-    "vit_tiny": (_timm("vit_tiny_patch16_224", depth=2, img_size=32), _images(2, 3, 32, 32)),
-    "convnext_atto": (_timm("convnext_atto"), _images(1, 3, 32, 32)),
-    "gpt2": (_gpt2, _ids(32, (2, 6))),
-    "llama": (_llama, _ids(32, (2, 6))),
-    "bert": (_bert, _ids(32, (2, 6))),
-    "e3nn": (_e3nn, _images(5, 13)),
-}
-HEAVY = {"resnet18", "vit_tiny", "convnext_atto"}
-_BUILT: dict = {}
-
-
-def _case(name):
-    """(float64 model in eval mode, batches, loss, spec), built once per session."""
-    if name not in _BUILT:
-        build, inputs = MODELS[name]
-        torch.manual_seed(0)
-        model = build().double().eval()
-        x = inputs()
-        x = x.double() if torch.is_tensor(x) else x
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            spec = wsym.detect(model, x)
-        with torch.no_grad():
-            y = _out(model(**x) if isinstance(x, dict) else model(x))
-        target = torch.randn(y.shape, generator=_gen(), dtype=torch.float64)
-
-        def loss(out, t):
-            return ((_out(out) - t) ** 2).mean()
-
-        _BUILT[name] = (model, [(x, target)], loss, spec)
-    return _BUILT[name]
+_case = stock_case
+MODELS, HEAVY = STOCK, STOCK_HEAVY
+_gen = stock_generator
 
 
 def _moved(model, spec, seed=3):
