@@ -37,6 +37,8 @@ conjugate-gradient iterates, and the projection, transform exactly with the grou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -145,6 +147,25 @@ def translation_directions(
         else:
             full[sl] = torch.maximum(full[sl], (moved != 0).double().reshape(-1))
     return full, (torch.stack(uniform, 1) if uniform else full.new_zeros(start, 0))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A flat tangent layout for the linear maps: all entries, or CG's reduced set.
+
+    ``slots`` leading plain entries with metric weights ``slot_inv``; per stack its
+    ``(G, H)`` slices (None: not in the layout); the scaling gather ``sup``/``idx``/``val``
+    and the translation directions ``D`` restricted to the layout's entries.
+    """
+
+    n: int
+    slots: int
+    slot_inv: Tensor
+    views: list
+    sup: Tensor
+    idx: Tensor
+    val: Tensor
+    D: Tensor
 
 
 class _Structure:
@@ -296,6 +317,8 @@ class Horizontal:
         self.active = bool(self.n_units or D.shape[1] or self.stacks)
         # translations are few: always with conjugate gradients
         self._cg = (st.cg_units, torch.ones(D.shape[1], dtype=torch.bool), st.cg_stacks)
+        self._layout = self._full()
+        self._reduced_layout = None
         self._precompute()
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
@@ -304,24 +327,54 @@ class Horizontal:
     def _unflat(self, v: Tensor) -> list[Tensor]:
         return [x.view(s) for x, s in zip(v.split(self.sizes), self.shapes, strict=True)]
 
-    def _stack_views(self, v: Tensor, s: int) -> tuple[Tensor, Tensor]:
-        g, h = self._views[s]
+    def _views_of(self, v: Tensor, lay: _Layout, s: int) -> tuple[Tensor, Tensor]:
+        g, h = lay.views[s]
         G, H = self.stacks[s]
         return v[g].view(G.shape), v[h].view(H.shape)
 
-    # -- the linear maps (flat tangent layout) ------------------------------------------
-    def lower(self, v: Tensor, stacks: list | None = None) -> Tensor:
-        """``M v``: the metric on a flat tangent vector.
+    def _full(self) -> _Layout:
+        return _Layout(
+            sum(self.sizes), self._slots, self.geom._inv, self._views,
+            self._support, self._idx, self._val, self.D,
+        )  # fmt: skip
 
-        Entries of the stacks not flagged in ``stacks`` are left undefined.
-        """
+    def _reduced(self) -> _Layout:
+        """The tangent entries the coupled generators touch (where CG iterates)."""
+        units, _, stacks = self._cg
+        ext = torch.cat([units, torch.tensor([False])])
+        cols = ext[self._idx].any(0) if self._idx.numel() else torch.zeros(0, dtype=torch.bool)
+        parts = [self._support[cols], self.D.any(1).nonzero().squeeze(1)]
+        for s, (g, h) in enumerate(self._views):
+            if stacks[s]:
+                parts += [torch.arange(g.start, g.stop), torch.arange(h.start, h.stop)]
+        R = torch.cat(parts).unique()
+        slots = int((R < self._slots).sum())
+        views = [
+            (
+                slice(int(torch.searchsorted(R, g.start)), int(torch.searchsorted(R, g.stop))),
+                slice(int(torch.searchsorted(R, h.start)), int(torch.searchsorted(R, h.stop))),
+            )
+            if stacks[s]
+            else None
+            for s, (g, h) in enumerate(self._views)
+        ]
+        sup = torch.searchsorted(R, self._support[cols])
+        return _Layout(
+            len(R), slots, self.geom._inv[R[:slots]], views,
+            sup, self._idx[:, cols], self._val[:, cols], self.D[R],
+        )  # fmt: skip
+
+    # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
+    def lower(self, v: Tensor, lay: _Layout | None = None) -> Tensor:
+        """``M v``: the metric on a flat tangent vector (in layout ``lay``, default all)."""
+        lay = lay or self._layout
         out = torch.empty_like(v)
-        out[: self._slots] = v[: self._slots] * self.geom._inv
+        out[: lay.slots] = v[: lay.slots] * lay.slot_inv
         for s, (G, H) in enumerate(self.stacks):
-            if stacks is not None and not stacks[s]:
+            if lay.views[s] is None:
                 continue
-            xG, xH = self._stack_views(v, s)
-            oG, oH = self._stack_views(out, s)
+            xG, xH = self._views_of(v, lay, s)
+            oG, oH = self._views_of(out, lay, s)
             P, Q = Gram.of(G, self.geom.eps), Gram.of(H, self.geom.eps)
             if self.geom.metrics[s] == "invariant":
                 oG.copy_(P.solve(xG, left=False))
@@ -331,46 +384,47 @@ class Horizontal:
                 oH.copy_(xH @ P.matrix)
         return out
 
-    def apply(self, c: Coefficients, stacks: list | None = None) -> Tensor:
-        """``J c`` as a flat tangent vector (only the stacks flagged in ``stacks``)."""
+    def apply(self, c: Coefficients, lay: _Layout | None = None) -> Tensor:
+        """``J c`` as a flat tangent vector (in layout ``lay``, default all)."""
+        lay = lay or self._layout
         a, t, omegas = c[0], c[1], c[2:]
-        v = torch.zeros(sum(self.sizes), dtype=torch.float64)
+        v = torch.zeros(lay.n, dtype=torch.float64)
         if a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
-            v[self._support] = (self._val * ext[self._idx]).sum(0)
+            v[lay.sup] = (lay.val * ext[lay.idx]).sum(0)
         if t.numel():
-            v = v + self.D @ t
+            v = v + lay.D @ t
         for s, (G, H) in enumerate(self.stacks):
-            if stacks is not None and not stacks[s]:
+            if lay.views[s] is None:
                 continue
-            vG, vH = self._stack_views(v, s)
+            vG, vH = self._views_of(v, lay, s)
             vG.add_(G @ omegas[s])
             vH.sub_(H @ omegas[s].mT)
         return v
 
-    def adjoint(self, y: Tensor, stacks: list | None = None) -> Coefficients:
-        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on unflagged stacks)."""
-        out = [self._unit_sums(self._val * y[self._support]), self.D.T @ y]
+    def adjoint(self, y: Tensor, lay: _Layout | None = None) -> Coefficients:
+        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
+        lay = lay or self._layout
+        out = [self._unit_sums(lay.val * y[lay.sup], lay.idx), lay.D.T @ y]
         for s, (G, H) in enumerate(self.stacks):
-            if stacks is not None and not stacks[s]:
+            if lay.views[s] is None:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
                 continue
-            yG, yH = self._stack_views(y, s)
+            yG, yH = self._views_of(y, lay, s)
             om = G.mT @ yG - (H.mT @ yH).mT
             out.append(_skew(om) if self.skew[s] else om)
         return out
 
-    def _unit_sums(self, values: Tensor) -> Tensor:
-        """Sum ``values`` ``(K, support)`` into their units (the adjoint of the gather)."""
+    def _unit_sums(self, values: Tensor, idx: Tensor) -> Tensor:
+        """Sum ``values`` ``(K, support)`` into their units ``idx`` (adjoint of the gather)."""
         out = values.new_zeros(self.n_units + 1)
-        out.index_add_(0, self._idx.reshape(-1), values.reshape(-1))
+        out.index_add_(0, idx.reshape(-1), values.reshape(-1))
         return out[: self.n_units]
 
-    def gram(self, c: Coefficients, stacks: list | None = None) -> Coefficients:
-        """``J^T M J c`` (only the stacks flagged in ``stacks``, default all)."""
-        return self.adjoint(self.lower(self.apply(c, stacks), stacks), stacks)
+    def gram(self, c: Coefficients, lay: _Layout | None = None) -> Coefficients:
+        """``J^T M J c`` (in layout ``lay``, default all)."""
+        return self.adjoint(self.lower(self.apply(c, lay), lay), lay)
 
-    # -- the preconditioner ---------------------------------------------------------
     def _precompute(self) -> None:
         """Diagonal of the scaling part, eigenbases of the blocks' own Gram operators."""
         if self.n_units:
@@ -380,7 +434,7 @@ class Horizontal:
             theta_t = self._flat(self.geom.coordinates()).double()
             safe = torch.where(theta_t != 0, theta_t, torch.ones_like(theta_t))
             weight = (self.lower(theta_t) / safe)[self._support]
-            d = self._unit_sums(self._val**2 * weight)
+            d = self._unit_sums(self._val**2 * weight, self._idx)
             self._diag = torch.where(d > 0, 1.0 / d, torch.ones_like(d))
         if self.D.shape[1]:
             MD = torch.stack([self.lower(self.D[:, j]) for j in range(self.D.shape[1])], 1)
@@ -442,6 +496,9 @@ class Horizontal:
         if not (bool(units.any()) or bool(trans.any()) or any(stacks)):
             return exact
         keep = (units, trans, stacks)
+        if self._reduced_layout is None:
+            self._reduced_layout = self._reduced()
+        reduced = self._reduced_layout
         x = [torch.zeros_like(t) for t in b]
         r = self._restrict(list(b), *keep)
         z = self._restrict(self.precondition(r), *keep)
@@ -449,7 +506,7 @@ class Horizontal:
         stop = TOL * TOL * rz
         p = z
         while rz > stop and rz > 0 and self.iterations < MAX_ITER:
-            Kp = self._restrict(self.gram(p, stacks), *keep)
+            Kp = self._restrict(self.gram(p, reduced), *keep)
             alpha = rz / _dot(p, Kp)
             x = [u + alpha * v for u, v in zip(x, p, strict=True)]
             r = [u - alpha * v for u, v in zip(r, Kp, strict=True)]
