@@ -312,13 +312,25 @@ def _diagonal_groups(
         basis = nullspace(variables, class_rows, modulus)
         projected = [{k: x for k, x in v.items() if k in own} for v in basis]
         for vec in row_basis([v for v in projected if v], modulus):
-            groups.append(
-                _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys)
-            )
+            group = _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys)
+            if group is not None:
+                groups.append(group)
     return groups
 
 
-def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group:
+def _one_block(layouts, key: str, cls: int) -> bool:
+    """Whether ``key`` holds class ``cls`` in exactly one block (one leaf)."""
+    dims = dict(layouts)[key]
+    return sum(leaf.cls == cls for t in dims for leaf in _leaves(t)) == 1
+
+
+def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group | None:
+    """The group of one exponent vector, or None where its action cannot be written.
+
+    A BatchNorm weight correction is applied along the whole class: a running
+    variance holding the class in several blocks (two cat halves, say) that move
+    differently cannot be corrected, and the group is left out (conservative).
+    """
     exps = dict(sorted((var_ids[k], int(x)) for k, x in vec.items()))
     var_param = {leaf.var: p for p, dims in layouts for t in dims for leaf in _leaves(t)}
     params = tuple(sorted({var_param[v] for v in exps}))
@@ -328,6 +340,8 @@ def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -
     for w, rv, _, eps in ctx.bn_corrections:
         u2 = sum(x for v, x in exps.items() if var_param[v] == state_keys[rv])
         if u2:
+            if not _one_block(layouts, state_keys[rv], cls):
+                return None
             corrections.append((state_keys[w], state_keys[rv], float(eps), u2 // 2))
     kind = "norm_scaling" if corrections else "scaling"
     params = tuple(sorted(set(params) | {c[0] for c in corrections}))
