@@ -92,7 +92,7 @@ def _fake_scaling(spec: SymmetrySpec, cls: int, params) -> SymmetrySpec:
     """A false claim: scale class ``cls`` in and out as if the activation were homogeneous."""
     exps = []
     for _, dims in spec.layouts:
-        for ax, t in enumerate(dims):
+        for t in dims:
             for leaf in leaves(t):
                 if leaf.cls == cls:
                     exps.append((leaf.var, 1 if leaf.parity == 0 else -1))

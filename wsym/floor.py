@@ -1,4 +1,4 @@
-"""A model's own numerical floor: how far round-off alone moves its float64 outputs.
+r"""A model's own numerical floor: how far round-off alone moves its float64 outputs.
 
 A true symmetry changes the outputs only by round-off; how much round-off a
 model amplifies is a property of the model. The floor is measured as the
@@ -14,7 +14,7 @@ round-off-sized changes:
 
 .. math::
 
-    \\mathrm{floor} = \\frac{\\max |f(\\tilde\\theta, x) - f(\\theta, x)|}{\\max |f(\\theta, x)|}
+    \mathrm{floor} = \frac{\max |f(\tilde\theta, x) - f(\theta, x)|}{\max |f(\theta, x)|}
 
 Verification then rejects any group that moves outputs more than
 :data:`FACTOR` times the floor, whatever its absolute size.
@@ -68,9 +68,8 @@ class Islands(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        operands = [
-            t for t in tree_flatten((args, kwargs))[0] if torch.is_tensor(t) and t.is_floating_point()
-        ]
+        leaves = tree_flatten((args, kwargs))[0]
+        operands = [t for t in leaves if torch.is_tensor(t) and t.is_floating_point()]
         if not operands:
             return out
         finest = min(torch.finfo(t.dtype).eps for t in operands)

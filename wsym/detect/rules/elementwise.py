@@ -12,6 +12,7 @@ from wsym.detect.context import Context
 from wsym.detect.rules.activation import generic
 from wsym.detect.rules.common import NONLINEAR, arg, broadcast, is_tensor, shape
 
+
 def is_square(node) -> bool:
     """``x ** 2`` or ``x * x``."""
     name = getattr(getattr(node, "target", None), "_schema", None)
