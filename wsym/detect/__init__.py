@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from wsym.detect.analyze import analyze
+from wsym.detect.analyze import analyze, live_nodes
 from wsym.detect.solve import solve
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.graph.networkx import to_networkx
@@ -85,7 +85,10 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
     ]
     ctx = analyze(traced, ties)
     saved = set(model.state_dict())  # non-persistent buffers (rotary tables) are not state
-    spec = solve(ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved})
+    live = live_nodes(traced.graph)  # unused parameters (dead branches) carry no group
+    spec = solve(
+        ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved and ph in live}
+    )
     keys = set(state_keys.values())
     aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:
