@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import string
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -290,11 +291,15 @@ def translation_size(group: Group, trees) -> int:
 def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
     """``g . state_dict``: a new state dict that computes the same function.
 
-    Entries the spec does not describe are copied unchanged.
+    Entries the spec does not describe are copied unchanged, and so is the state
+    dict's ``_metadata`` (module versions that ``load_state_dict`` reads: torchvision's
+    MNASNet refuses a state dict without it).
     """
     layout = spec.layout
     _check_state(spec, g, state_dict, layout)
-    out = dict(state_dict)
+    out = OrderedDict(state_dict)
+    if hasattr(state_dict, "_metadata"):
+        out._metadata = state_dict._metadata
     for i, value, inverted in g.parts():
         group = spec.groups[i]
         if group.kind == "translation":
