@@ -86,9 +86,8 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
     ctx = analyze(traced, ties)
     saved = set(model.state_dict())  # non-persistent buffers (rotary tables) are not state
     live = live_nodes(traced.graph)  # unused parameters (dead branches) carry no group
-    spec = solve(
-        ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved and ph in live}
-    )
+    live |= {x for pair in ties if set(pair) & live for x in pair}  # tied weights move together
+    spec = solve(ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved and ph in live})
     keys = set(state_keys.values())
     aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:
