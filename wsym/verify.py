@@ -123,12 +123,17 @@ class Probe:
         return self._ref[1]
 
     def floor(self, state: dict) -> float:
-        """The numerical floor at ``state`` (:mod:`wsym.floor`), measured once per state."""
+        """The numerical floor at ``state`` (:mod:`wsym.floor`), measured once per state.
+
+        The perturbed weights are drawn once and shared by every rescaled probe.
+        """
         key = id(state)
         if key not in self._floors:
-            gen = torch.Generator().manual_seed(self.seed + 7)
-            islands = Islands(perturb=True, gen=gen)
-            y1 = self(perturbed_state(state, gen), mode=islands)
+            if self._shared.get("perturbed", (None,))[0] is not state:
+                gen = torch.Generator().manual_seed(self.seed + 7)
+                self._shared["perturbed"] = (state, perturbed_state(state, gen))
+            islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
+            y1 = self(self._shared["perturbed"][1], mode=islands)
             self._floors[key] = max(relative(y1, self.reference(state)), EPS64)
         return self._floors[key]
 
@@ -274,42 +279,48 @@ def screen(
     Runs at the probe's generic parameters: the detected groups are structural
     (they hold for every value of the weights), and generic values are where a
     false one shows (:func:`verify` also measures at the model's own weights).
-    Probes (fresh, x20, x1/20 inputs) are passed one after the other; a group
-    that fails one is not tested on the next. The tolerance is
+    A set passes if it moves the outputs by at most the tolerance on every probe
+    (fresh, x20, x1/20 inputs); the element is drawn and applied once per set,
+    and the probe that failed last is tried first. The tolerance is
     :data:`~wsym.floor.FACTOR` times the largest floor of the probes.
 
-    Returns per-group deviations (the largest joint deviation of the sets that
-    cleared it) and the indices of groups that fail on their own.
+    Cost: with ``k`` false groups among ``n``, about ``3 (2 + k log2 n)`` forward passes.
+
+    Returns per-group deviations (the largest deviation of the set that cleared
+    it) and the indices of groups that fail on their own.
     """
     all_probes = probes(probe)
     floor = max(p.floor(p.generic) for p in all_probes)
     tol = FACTOR * floor
     devs = [0.0] * len(spec.groups)
     failed: list[int] = []
-    alive = list(range(len(spec.groups)))
-    for p in all_probes:
-        cleared, out = _bisect(spec, p, alive, seed, scale, tol)
-        for i, d in cleared.items():
-            devs[i] = max(devs[i], d)
-        for i, d in out.items():
-            devs[i] = d
-        failed.extend(out)
-        alive = [i for i in alive if i not in out]
-    return devs, sorted(failed)
-
-
-def _bisect(spec, probe: Probe, groups: list[int], seed: int, scale, tol) -> tuple[dict, dict]:
-    """``({group: deviation of the set that cleared it}, {failed group: its deviation})``."""
-    cleared, failed = {}, {}
-    stack = [groups] if groups else []
+    stack = [list(range(len(spec.groups)))] if spec.groups else []
     while stack:
         part = stack.pop()
-        d = deviation(probe, spec, part, seed + len(part), scale, probe.generic)
+        d, all_probes = _worst(spec, all_probes, part, seed + len(part), scale, tol)
         if d <= tol:
-            cleared.update(dict.fromkeys(part, d))
+            for i in part:
+                devs[i] = d
         elif len(part) == 1:
-            failed[part[0]] = d
+            devs[part[0]] = d
+            failed.append(part[0])
         else:
             half = len(part) // 2
             stack.extend([part[:half], part[half:]])
-    return cleared, failed
+    return devs, sorted(failed)
+
+
+def _worst(spec, all_probes: list[Probe], part, seed: int, scale, tol) -> tuple[float, list]:
+    """Largest deviation of ``part`` over the probes (stopping at the first above ``tol``).
+
+    Returns it with the probes reordered so that a failing probe comes first.
+    """
+    g = sample(spec, seed=seed, scale=scale, groups=part, moving=True)
+    base = all_probes[0].generic
+    moved = act(spec, g, base)
+    worst = 0.0
+    for k, p in enumerate(all_probes):
+        worst = max(worst, relative(p(moved), p.reference(base)))
+        if worst > tol:
+            return worst, [p, *all_probes[:k], *all_probes[k + 1 :]]
+    return worst, all_probes

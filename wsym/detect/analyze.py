@@ -135,7 +135,7 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
         rule(ctx, node)
         if isinstance(node.meta.get("val"), list | tuple):
             ctx.layouts[node.name] = tuple(ctx.layouts[node.name])
-    except (SplitConflict, KeyError, IndexError, ValueError, TypeError) as err:
+    except (SplitConflict, AttributeError, KeyError, IndexError, ValueError, TypeError) as err:
         reason = f"{name} ({node.name}) could not be analysed: {err}"
         ctx.warn(reason)
         for src in node.all_input_nodes:
