@@ -40,12 +40,15 @@ EPS64 = torch.finfo(torch.float64).eps
 
 
 def perturbed_state(state: dict, gen: torch.Generator) -> dict:
-    """``state`` with every float64 entry multiplied by ``1 + r eps``, ``r ~ U(-ULPS, ULPS)``."""
+    """``state`` with every float entry multiplied by ``1 + r eps``, ``r ~ U(-ULPS, ULPS)``.
+
+    ``eps`` is the entry's own machine epsilon (float32 probes get float32 noise).
+    """
     out = {}
     for k, v in state.items():
-        if torch.is_tensor(v) and v.dtype == torch.float64:
-            r = torch.empty(v.shape, dtype=torch.float64).uniform_(-ULPS, ULPS, generator=gen)
-            v = v * (1 + r * EPS64)
+        if torch.is_tensor(v) and v.is_floating_point():
+            r = torch.empty(v.shape, dtype=v.dtype).uniform_(-ULPS, ULPS, generator=gen)
+            v = v * (1 + r * torch.finfo(v.dtype).eps)
         out[k] = v
     return out
 

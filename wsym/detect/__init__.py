@@ -14,7 +14,7 @@ from wsym.graph.networkx import to_networkx
 from wsym.graph.trace import trace
 from wsym.graph.trace_types import Traced
 from wsym.spec import SymmetrySpec
-from wsym.verify import Probe, screen, tied_keys
+from wsym.verify import float64_probe, screen, tied_keys
 
 
 def spec_or_detect(spec: SymmetrySpec | None, model, example_inputs, who: str) -> SymmetrySpec:
@@ -102,7 +102,7 @@ def verify_candidates(
     groups = list(spec.groups)
     if not groups:
         return spec
-    devs, failed = screen(spec, Probe(model, example_inputs, seed=seed), seed=seed)
+    devs, failed = screen(spec, float64_probe(model, example_inputs, seed=seed), seed=seed)
     for i in failed:
         g = groups[i]
         warnings.warn(
