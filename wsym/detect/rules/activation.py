@@ -118,6 +118,25 @@ def glu(ctx: Context, node) -> None:
     ctx.layouts[node.name] = out
 
 
+def prelu(ctx: Context, node) -> None:
+    """prelu(x, w) = max(x, 0) + w min(x, 0), ``w`` one slope per channel (axis 1) or shared.
+
+    Positively homogeneous in ``x`` for fixed slopes: channels rescale and permute
+    (their slopes permute with them, and never rescale).
+    """
+    x, w = node.args[0], node.args[1]
+    lx = ctx.layouts[x.name]
+    out = ctx.like(lx)
+    for do, dx in zip(out, lx, strict=True):
+        ctx.couple(do, dx, scale="eq", sign="zero", breaks=NONLINEAR)
+    if shape(w) and shape(w)[0] > 1:  # slopes permute with their channels, never rescale
+        lw = ctx.layouts[w.name][0]
+        ctx.couple(out[1 if len(out) > 1 else 0], lw, scale=None, sign=None)
+        for system in ("scale", "sign"):
+            ctx.relate(system, [lw], (1,))
+    ctx.layouts[node.name] = out
+
+
 HOMOGENEOUS = ["relu", "leaky_relu"]
 ODD = ["tanh", "sin", "asinh", "atan", "sinh", "erf", "tan", "asin", "atanh", "erfinv"]
 GENERIC = [
@@ -184,3 +203,5 @@ def claims() -> dict[str, str]:
 RULES = {name: KINDS[kind] for name, kind in claims().items()}
 RULES.update({f"aten::{n}": rule for n, rule in BOUNDED.items()})
 RULES["aten::glu"] = glu
+RULES["aten::prelu"] = prelu
+RULES["aten::_prelu_kernel"] = prelu

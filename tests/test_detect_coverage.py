@@ -1,0 +1,78 @@
+"""Coverage items of issue #16, each with its exact group table and an independent check."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+import wsym
+
+
+def independent_deviation(model, x, spec) -> float:
+    """Act with random elements, compare float64 outputs on x, fresh and x20 inputs."""
+    m64 = copy.deepcopy(model).double().eval()
+    sd = m64.state_dict()
+    fresh = torch.randn(x.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    worst = 0.0
+    for seed in (0, 1):
+        moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10)), sd)
+        for xx in (x.double(), fresh, 20 * fresh):
+            with torch.no_grad():
+                y0, y1 = functional_call(m64, sd, (xx,)), functional_call(m64, moved, (xx,))
+            worst = max(worst, float((y1 - y0).abs().max() / y0.abs().max()))
+    return worst
+
+
+class ConvNet(nn.Module):
+    """1x1 conv (3 -> 8), ReLU, the convolution under test (8 -> cout), ReLU, mean, linear."""
+
+    def __init__(self, conv, cout):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 8, 1), conv, nn.Linear(cout, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.c(h.mean((2, 3)))
+
+
+GROUPED = {"permutation": 3, "scaling": 4}  # S_G, S_a, S_b; (R+)^G twice, (R+)^a, (R+)^b
+CONVS = [
+    ("grouped-2", nn.Conv2d(8, 6, 3, groups=2), 6, GROUPED, {2, 3, 4}),
+    ("grouped-4", nn.Conv2d(8, 8, 3, groups=4), 8, GROUPED, {2, 4}),
+    ("transposed", nn.ConvTranspose2d(8, 6, 3), 6, {"permutation": 2, "scaling": 2}, {6, 8}),
+    ("transposed-grouped", nn.ConvTranspose2d(8, 6, 3, groups=2), 6, GROUPED, {2, 3, 4}),
+]
+
+
+@pytest.mark.parametrize("name, conv, cout, expected, sizes", CONVS, ids=[c[0] for c in CONVS])
+def test_grouped_and_transposed_convolutions(name, conv, cout, expected, sizes):
+    torch.manual_seed(0)
+    model, x = ConvNet(conv, cout), torch.randn(2, 3, 8, 8)
+    spec = wsym.detect(model, x)
+    assert spec.kinds() == expected, spec.table()
+    assert {g.size for g in spec.groups if g.kind == "permutation"} == sizes
+    assert independent_deviation(model, x, spec) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "make, x",
+    [
+        (lambda: nn.Sequential(nn.Linear(4, 6), nn.PReLU(6), nn.Linear(6, 2)), (3, 4)),
+        (lambda: nn.Sequential(nn.Linear(4, 6), nn.PReLU(), nn.Linear(6, 2)), (3, 4)),
+        (lambda: nn.Sequential(nn.Conv2d(3, 5, 1), nn.PReLU(5), nn.Conv2d(5, 2, 1)), (2, 3, 4, 4)),
+    ],
+    ids=["per-channel", "shared", "conv"],
+)
+def test_prelu_rescales_its_channels(make, x):
+    torch.manual_seed(0)
+    model = make()
+    with torch.no_grad():
+        model[1].weight.uniform_(-0.5, 0.9)  # slopes far from 0.25 and of both signs
+    x = torch.randn(*x)
+    spec = wsym.detect(model, x)
+    assert spec.kinds() == {"permutation": 1, "scaling": 1}, spec.table()
+    assert independent_deviation(model, x, spec) < 1e-12
+    touched = {p for g in spec.groups if g.kind == "scaling" for p in g.params}
+    assert "1.weight" not in touched  # the slopes permute, never rescale
