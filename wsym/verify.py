@@ -140,6 +140,10 @@ class Probe:
             self._floors[key] = max(relative(y1, self.reference(state)), eps)
         return self._floors[key]
 
+    def release(self) -> None:
+        """Drop the perturbed weights the floor was measured at (one model copy)."""
+        self._shared.pop("perturbed", None)
+
     def __call__(self, state: dict, mode=None) -> torch.Tensor:
         """Flattened float64 outputs at ``state`` (under a dispatch ``mode`` if given)."""
         with torch.no_grad(), eval_mode(self.model):
@@ -295,6 +299,7 @@ def verify(
     everything = list(range(len(spec.groups)))
     joint = worst(everything, 100) if everything else 0.0
     floor = max(p.floor(state(p, w)) for p, w in runs)
+    base.release()
     return VerifyReport(tuple(per), joint, FACTOR * floor, floor)
 
 
@@ -318,6 +323,7 @@ def screen(
     """
     all_probes = probes(probe)
     floor = max(p.floor(p.generic) for p in all_probes)
+    probe.release()  # the perturbed copy of the weights is no longer needed
     tol = FACTOR * floor
     devs = [0.0] * len(spec.groups)
     failed: list[int] = []
