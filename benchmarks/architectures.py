@@ -177,7 +177,7 @@ HF = {  # model type -> (extra config, input kind)
     "mistral": ({"num_key_value_heads": 2}, "ids"),
     "mixtral": ({"num_key_value_heads": 2, "num_local_experts": 4}, "ids"),
     "qwen2": ({"num_key_value_heads": 2}, "ids"),
-    "qwen2_moe": ({"num_experts": 4, "moe_intermediate_size": 32}, "ids"),
+    "qwen2_moe": ({"num_experts": 4, "moe_intermediate_size": 32, "head_dim": 8}, "ids"),
     "phi": ({}, "ids"),
     "phi3": ({"pad_token_id": 0}, "ids"),
     "gemma": ({"head_dim": 8}, "ids"),
@@ -386,7 +386,10 @@ def run_one(name: str, build) -> dict:
     row["params"] = numel
     if numel > MAX_PARAMS:
         return {**row, "status": "skipped", "message": f"{numel / 1e6:.0f}M parameters"}
-    row["forward_s"] = forward_seconds(model, inputs)
+    try:
+        row["forward_s"] = forward_seconds(model, inputs)
+    except Exception as err:  # noqa: BLE001 - a model/config problem, not wsym's
+        return {**row, "status": "skipped", "message": f"forward fails: {_line(err)}"}
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(TIMEOUT)
     try:
