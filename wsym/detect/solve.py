@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from wsym.detect.context import Context, Dep
@@ -149,8 +151,8 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
                 st.leaves(a)  # registers class info
             tensors.extend(_blocks(st, sub))
     var_ids: dict = {}
-    layouts = []
-    param_vars: dict = {}  # occurrence key -> leaf class, for state-dict entries
+    layouts = _Layouts()
+    param_vars = _ParamVars()  # occurrence key -> leaf class, for state-dict entries
     for ph, key in state_keys.items():
         lay = ctx.layouts[ph]
         shape = tuple(_node(traced, ph).meta["val"].shape)
@@ -307,7 +309,7 @@ def _diagonal_groups(
     groups = []
     for system, modulus in (("scale", None), ("sign", 2)):
         class_rows = rows.get((system, cls), []) + extra
-        own = {k for k, r in param_vars.items() if r == cls}
+        own = param_vars.by_class.get(cls, set())
         variables = sorted({k for row in class_rows for k in row} | own, key=str)
         basis = nullspace(variables, class_rows, modulus)
         projected = [{k: x for k, x in v.items() if k in own} for v in basis]
@@ -318,10 +320,32 @@ def _diagonal_groups(
     return groups
 
 
-def _one_block(layouts, key: str, cls: int) -> bool:
+class _ParamVars(dict):
+    """Occurrence key -> leaf class, with the inverse index (built once, on first use)."""
+
+    @functools.cached_property
+    def by_class(self) -> dict:
+        out: dict = {}
+        for k, r in self.items():
+            out.setdefault(r, set()).add(k)
+        return out
+
+
+class _Layouts(list):
+    """``[(state key, layout trees)]`` with derived maps built once, on first use."""
+
+    @functools.cached_property
+    def var_param(self) -> dict:
+        return {leaf.var: p for p, dims in self for t in dims for leaf in _leaves(t)}
+
+    @functools.cached_property
+    def blocks(self) -> Counter:
+        return Counter((p, leaf.cls) for p, dims in self for t in dims for leaf in _leaves(t))
+
+
+def _one_block(layouts: _Layouts, key: str, cls: int) -> bool:
     """Whether ``key`` holds class ``cls`` in exactly one block (one leaf)."""
-    dims = dict(layouts)[key]
-    return sum(leaf.cls == cls for t in dims for leaf in _leaves(t)) == 1
+    return layouts.blocks[(key, cls)] == 1
 
 
 def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group | None:
@@ -332,7 +356,7 @@ def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -
     differently cannot be corrected, and the group is left out (conservative).
     """
     exps = dict(sorted((var_ids[k], int(x)) for k, x in vec.items()))
-    var_param = {leaf.var: p for p, dims in layouts for t in dims for leaf in _leaves(t)}
+    var_param = layouts.var_param
     params = tuple(sorted({var_param[v] for v in exps}))
     if system == "sign":
         return Group("sign", info.size, 1, params, cls=cls, exponents=tuple(exps.items()))
