@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import wsym
-from wsym.errors import SymmetryWarning
+from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.reference import MLP
 from wsym.spec import Group, SymmetrySpec, leaves
 from wsym.verify import Probe, deviation
@@ -153,3 +153,12 @@ def test_debug_logging_keeps_torchs_report(caplog):
     with caplog.at_level(logging.DEBUG, logger="wsym"), pytest.warns(UserWarning):
         wsym.detect(DataDependentClamp(), torch.randn(3, 4))
     assert any("torch.export failed" in r.getMessage() for r in caplog.records)
+
+
+def test_nan_weights_are_rejected_with_the_tensors_name():
+    model = MLP(4, [5], 3)
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("nan")
+    with pytest.raises(WsymInputError, match=r"^2\.weight holds NaN") as err:
+        wsym.detect(model, torch.randn(2, 4))
+    assert "\n" not in str(err.value)

@@ -9,7 +9,7 @@ import torch
 
 from wsym.detect.analyze import analyze, live_nodes
 from wsym.detect.solve import solve
-from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.networkx import to_networkx
 from wsym.graph.trace import trace
 from wsym.graph.trace_types import Traced
@@ -58,6 +58,10 @@ def detect(
     Returns:
         The :class:`~wsym.spec.SymmetrySpec`.
 
+    Raises:
+        WsymInputError: NaN or Inf weights (naming the tensor), inputs the model
+            cannot run on, or a model neither tracer can trace.
+
     Example:
         >>> import torch, wsym
         >>> mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -65,6 +69,7 @@ def detect(
         >>> sorted(g.kind for g in spec.groups)
         ['permutation', 'scaling']
     """
+    check_finite(model.state_dict())
     traced = trace(model, example_inputs)
     spec = find_candidates(traced, model)
     if verify:
