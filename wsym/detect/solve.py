@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from wsym.detect.context import Context, Dep
@@ -339,21 +338,26 @@ class _Layouts(list):
         return {leaf.var: p for p, dims in self for t in dims for leaf in _leaves(t)}
 
     @functools.cached_property
-    def blocks(self) -> Counter:
-        return Counter((p, leaf.cls) for p, dims in self for t in dims for leaf in _leaves(t))
+    def leaf_classes(self) -> dict:
+        return {p: [leaf.cls for t in dims for leaf in _leaves(t)] for p, dims in self}
 
 
 def _one_block(layouts: _Layouts, key: str, cls: int) -> bool:
-    """Whether ``key`` holds class ``cls`` in exactly one block (one leaf)."""
-    return layouts.blocks[(key, cls)] == 1
+    """Whether ``key`` (a running variance) is one leaf, of class ``cls``.
+
+    Not so after a cat split (two halves of the class) or a product split (a
+    grouped convolution's ``(groups, channels)``): the correction would be wrong.
+    """
+    return layouts.leaf_classes[key] == [cls]
 
 
 def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group | None:
     """The group of one exponent vector, or None where its action cannot be written.
 
     A BatchNorm weight correction is applied along the whole class: a running
-    variance holding the class in several blocks (two cat halves, say) that move
-    differently cannot be corrected, and the group is left out (conservative).
+    variance that is not one leaf of the class (two cat halves that move
+    differently, a product split) cannot be corrected, and the group is left out
+    (conservative).
     """
     exps = dict(sorted((var_ids[k], int(x)) for k, x in vec.items()))
     var_param = layouts.var_param
