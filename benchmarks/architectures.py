@@ -74,8 +74,8 @@ def _torchvision(name):
     if name.startswith("vit_"):
         kwargs["image_size"] = 64
     model = torchvision.models.get_model(name, weights=None, **kwargs)
-    size = 96 if name == "inception_v3" else 64
-    return model, torch.randn(2, 3, size, size)
+    size = {"inception_v3": 96, "maxvit_t": 224}.get(name, 64)
+    return model, torch.randn(1 if size > 100 else 2, 3, size, size)
 
 
 TIMM = [
@@ -177,19 +177,26 @@ HF = {  # model type -> (extra config, input kind)
     "mistral": ({"num_key_value_heads": 2}, "ids"),
     "mixtral": ({"num_key_value_heads": 2, "num_local_experts": 4}, "ids"),
     "qwen2": ({"num_key_value_heads": 2}, "ids"),
-    "qwen2_moe": ({"num_experts": 4, "moe_intermediate_size": 32, "head_dim": 8}, "ids"),
+    "qwen2_moe": (
+        {"num_experts": 4, "moe_intermediate_size": 32, "num_key_value_heads": 2},
+        "ids",
+    ),
     "phi": ({}, "ids"),
     "phi3": ({"pad_token_id": 0}, "ids"),
-    "gemma": ({"head_dim": 8}, "ids"),
+    "gemma": ({"head_dim": 8, "num_key_value_heads": 2}, "ids"),
     "falcon": ({"new_decoder_architecture": False}, "ids"),
-    "stablelm": ({}, "ids"),
+    "stablelm": ({"num_key_value_heads": 2}, "ids"),
     "gpt_bigcode": ({}, "ids"),
     "olmo": ({}, "ids"),
     "t5": ({"d_model": 32, "d_ff": 64, "d_kv": 8, "num_layers": 2, "num_heads": 4}, "seq2seq"),
     "bart": ({"d_model": 32, "encoder_layers": 2, "decoder_layers": 2}, "seq2seq"),
     "vit": ({"image_size": 32, "patch_size": 8}, "pixels"),
     "deit": ({"image_size": 32, "patch_size": 8}, "pixels"),
-    "swin": ({"image_size": 32, "patch_size": 4, "embed_dim": 16, "depths": [1, 1]}, "pixels"),
+    "swin": (
+        {"image_size": 32, "patch_size": 4, "embed_dim": 16, "depths": [1, 1]}
+        | {"num_attention_heads": [2, 4], "window_size": 4},
+        "pixels",
+    ),
     "convnext": ({"hidden_sizes": [8, 16], "depths": [1, 1], "num_stages": 2}, "pixels"),
     "resnet": ({"hidden_sizes": [8, 16], "depths": [1, 1], "embedding_size": 8}, "pixels"),
 }
