@@ -76,3 +76,41 @@ def test_prelu_rescales_its_channels(make, x):
     assert independent_deviation(model, x, spec) < 1e-12
     touched = {p for g in spec.groups if g.kind == "scaling" for p in g.params}
     assert "1.weight" not in touched  # the slopes permute, never rescale
+
+
+class MultiQuery(nn.Module):
+    """One key/value head broadcast over four query heads (Falcon's multi-query attention)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv, self.o = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 8)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, 4, 2).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 1, 4).transpose(1, 2).split(2, dim=-1)
+        h = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(h.transpose(1, 2).reshape(b, t, 8))
+
+
+def test_broadcast_key_value_heads_pin_the_output_heads():
+    """No per-head scale of the attention output: the one value head is shared."""
+    torch.manual_seed(0)
+    model, x = MultiQuery(), torch.randn(2, 5, 8)
+    spec = wsym.detect(model, x)
+    assert not any(g.kind in ("scaling", "sign") for g in spec.groups), spec.table()
+    assert spec.kinds() == {"gl": 2, "permutation": 1, "translation": 1}, spec.table()
+    assert independent_deviation(model, x, spec) < 1e-12
+
+
+def test_numpy_transpose_is_understood():
+    class T(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x).T.T))
+
+    spec = wsym.detect(T(), torch.randn(3, 4))
+    assert spec.kinds() == {"permutation": 1, "scaling": 1}

@@ -236,12 +236,15 @@ def sdpa(ctx: Context, node) -> None:
             continue
         for d in dims.values():
             ctx.couple(out[pos], d, scale=None, sign=None, breaks=NONLINEAR)
-        if "q" in dims and "k" in dims:
-            for system in ("scale", "sign"):
-                ctx.relate(system, [dims["q"], dims["k"]], (1, 1))
-        if "v" in dims:
-            for system in ("scale", "sign"):
+        # scores scale by e(q) + e(k), outputs by e(v); a broadcast operand has exponent 0
+        qk = [dims[n] for n in ("q", "k") if n in dims]
+        for system in ("scale", "sign"):
+            if qk:
+                ctx.relate(system, qk, (1,) * len(qk))
+            if "v" in dims:
                 ctx.relate(system, [out[pos], dims["v"]], (1, -1))
+            else:
+                ctx.relate(system, [out[pos]], (1,))
     ctx.couple(out[-2], lq[-2])
     ctx.couple(lk[-2], lv[-2], scale="zero", sign="zero", breaks=NONLINEAR)
     ctx.couple(lq[-1], lk[-1], parity=1)

@@ -143,6 +143,18 @@ def permute(ctx: Context, node) -> None:
     ctx.layouts[node.name] = [lay[norm_dim(d, len(lay))] for d in node.args[1]]
 
 
+def numpy_t(ctx: Context, node) -> None:
+    """``x.T``: all axes reversed."""
+    ctx.layouts[node.name] = list(reversed(ctx.layouts[node.args[0].name]))
+
+
+def matrix_t(ctx: Context, node) -> None:
+    """``x.mT``: the last two axes swapped."""
+    lay = list(ctx.layouts[node.args[0].name])
+    lay[-2], lay[-1] = lay[-1], lay[-2]
+    ctx.layouts[node.name] = lay
+
+
 def expand(ctx: Context, node) -> None:
     """expand: broadcast axes get fresh atoms along which the values are copies.
 
@@ -391,6 +403,8 @@ RULES.update(
         "aten::transpose": transpose,
         "aten::t": transpose,
         "aten::permute": permute,
+        "aten::numpy_T": numpy_t,
+        "aten::mT": matrix_t,
         "aten::expand": expand,
         "aten::select": select,
         "aten::unbind": unbind,
