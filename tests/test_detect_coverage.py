@@ -114,3 +114,32 @@ def test_numpy_transpose_is_understood():
 
     spec = wsym.detect(T(), torch.randn(3, 4))
     assert spec.kinds() == {"permutation": 1, "scaling": 1}
+
+
+class Padded(nn.Module):
+    def __init__(self, pad):
+        super().__init__()
+        self.a, self.b, self.c, self.pad = nn.Conv2d(3, 6, 1), nn.Conv2d(6, 4, 3), nn.Linear(4, 2), pad
+
+    def forward(self, x):
+        h = self.pad(torch.relu(self.a(x)))
+        return self.c(torch.relu(self.b(h)).reshape_as(self.b(h)).mean((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "pad, expected",
+    [
+        (nn.ZeroPad2d(1), {"permutation": 2, "scaling": 2}),
+        (nn.ReflectionPad2d(1), {"permutation": 2, "scaling": 2}),
+        (nn.ReplicationPad2d(1), {"permutation": 2, "scaling": 2}),
+        (nn.ConstantPad2d(1, 1.0), {"permutation": 2, "scaling": 1}),  # a constant 1: affine
+        (lambda h: nn.functional.pad(h, (1, 1, 1, 1), value=0.5), {"permutation": 2, "scaling": 1}),
+    ],
+    ids=["zero", "reflect", "replicate", "constant-1", "functional-0.5"],
+)
+def test_padding_keeps_channel_groups(pad, expected):
+    torch.manual_seed(0)
+    model, x = Padded(pad), torch.randn(2, 3, 6, 6)
+    spec = wsym.detect(model, x)
+    assert spec.kinds() == expected, spec.table()
+    assert independent_deviation(model, x, spec) < 1e-12
