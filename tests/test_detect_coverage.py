@@ -119,7 +119,8 @@ def test_numpy_transpose_is_understood():
 class Padded(nn.Module):
     def __init__(self, pad):
         super().__init__()
-        self.a, self.b, self.c, self.pad = nn.Conv2d(3, 6, 1), nn.Conv2d(6, 4, 3), nn.Linear(4, 2), pad
+        self.a, self.b, self.c = nn.Conv2d(3, 6, 1), nn.Conv2d(6, 4, 3), nn.Linear(4, 2)
+        self.pad = pad
 
     def forward(self, x):
         h = self.pad(torch.relu(self.a(x)))
