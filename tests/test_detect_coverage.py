@@ -144,3 +144,24 @@ def test_padding_keeps_channel_groups(pad, expected):
     spec = wsym.detect(model, x)
     assert spec.kinds() == expected, spec.table()
     assert independent_deviation(model, x, spec) < 1e-12
+
+
+def test_gpt2_key_bias_translation_through_conv1d():
+    """GPT-2's fused c_attn is an addmm (Conv1D): its key bias is arbitrary per head."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(cfg).eval()
+    ids = {"input_ids": torch.randint(0, 32, (2, 6))}
+    spec = wsym.detect(model, ids)
+    expected = {"gl": 2, "permutation": 2, "scaling": 2, "sign": 2, "translation": 1}
+    assert spec.kinds() == expected, spec.table()
+    (t,) = [g for g in spec.groups if g.kind == "translation"]
+    assert t.params == ("h.0.attn.c_attn.bias",) and t.size == 16  # the key third of it
+    sd = {k: v.double() for k, v in model.state_dict().items()}
+    m64 = copy.deepcopy(model).double()
+    moved = spec.act(spec.sample(seed=0, scale=(0.1, 10)), sd)
+    with torch.no_grad():
+        y0 = functional_call(m64, sd, (), ids).last_hidden_state
+        y1 = functional_call(m64, moved, (), ids).last_hidden_state
+    assert (y1 - y0).abs().max() < 1e-12 * y0.abs().max()
