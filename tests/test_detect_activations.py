@@ -119,3 +119,22 @@ def test_tolerance_is_calibrated_to_the_models_floor():
     report = wsym.detect(model, torch.randn(5, 4)).verify(model, torch.randn(5, 4))
     assert report.ok and 1e-17 < report.floor < 1e-13
     assert report.tolerance == pytest.approx(1e3 * report.floor)
+
+
+def test_adversarial_search_pushes_towards_a_counterexample():
+    """Where a false claim barely shows, gradient ascent on the inputs makes it show more."""
+    from wsym.adversary import adversarial_inputs
+    from wsym.verify import Probe, deviation
+
+    torch.manual_seed(0)
+    model = Act(nn.Hardtanh(-3.0, 3.0))  # odd, not homogeneous: a scaling claim is false
+    spec = wsym.detect(model, torch.randn(5, 4))
+    perm = next(g for g in spec.groups if g.kind == "permutation")
+    fake = _fake_scaling(spec, perm.cls, ["a.weight", "a.bias", "b.weight"])
+    probe = Probe(model, torch.randn(5, 4), input_scale=3.0)  # a few units reach the cap
+    before = deviation(probe, fake, [0], seed=1, scale=(0.5, 2.0), state=probe.generic)
+    args, kwargs = adversarial_inputs(probe, fake, [0], seed=1, scale=(0.5, 2.0), steps=3)
+    after = deviation(
+        probe.with_inputs(args, kwargs), fake, [0], seed=1, scale=(0.5, 2.0), state=probe.generic
+    )
+    assert 1e-3 < before and after > 2 * before  # 0.19 -> 0.59
