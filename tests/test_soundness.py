@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import wsym
-from wsym.errors import SymmetryWarning
+from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.reference import MLP
 from wsym.spec import Group, SymmetrySpec, leaves
 from wsym.verify import Probe, deviation
@@ -112,3 +112,53 @@ def test_detect_does_not_modify_the_model():
     wsym.detect(model, torch.randn(2, 4))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+class DataDependentClamp(nn.Module):
+    """The issue's example: a clamp that only fires on large activations (export fails)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h.clamp(-10, 10) if h.abs().max() > 10 else h
+        return self.b(torch.relu(h))
+
+
+def test_export_fallback_is_verified_on_the_module_and_says_so_in_one_line(capfd):
+    torch.manual_seed(0)
+    model, x = DataDependentClamp(), torch.randn(3, 4)
+    with pytest.warns(UserWarning) as record:
+        spec = wsym.detect(model, x)
+    assert spec.kinds() == {"permutation": 1}  # the specialized trace alone says scaling too
+    fallback = [str(w.message) for w in record if "torch.export failed" in str(w.message)]
+    assert len(fallback) == 1 and "\n" not in fallback[0]
+    assert "verified on the module" in fallback[0]
+    assert "def forward" not in capfd.readouterr().err  # no FX graph dump on stderr
+    md = copy.deepcopy(model).double()
+    for seed in range(3):
+        moved = copy.deepcopy(md)
+        moved.load_state_dict(spec.act(spec.sample(seed=seed, scale=(0.1, 10)), md.state_dict()))
+        for xx in (x.double(), 20 * x.double()):
+            with torch.no_grad():
+                y0, y1 = md(xx), moved(xx)
+            assert (y1 - y0).abs().max() <= 1e-12 * y0.abs().max()
+
+
+def test_debug_logging_keeps_torchs_report(caplog):
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="wsym"), pytest.warns(UserWarning):
+        wsym.detect(DataDependentClamp(), torch.randn(3, 4))
+    assert any("torch.export failed" in r.getMessage() for r in caplog.records)
+
+
+def test_nan_weights_are_rejected_with_the_tensors_name():
+    model = MLP(4, [5], 3)
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("nan")
+    with pytest.raises(WsymInputError, match=r"^2\.weight holds NaN") as err:
+        wsym.detect(model, torch.randn(2, 4))
+    assert "\n" not in str(err.value)

@@ -20,3 +20,23 @@ class WsymInputError(ValueError):
 
 class SymmetryWarning(UserWarning):
     """A symmetry candidate was dropped, or an operation blocked symmetries through it."""
+
+
+def check_finite(state_dict: dict, where: str = "the model") -> None:
+    """Raise a one-line :class:`WsymInputError` naming the first tensor with NaN or Inf values.
+
+    Example:
+        >>> import torch
+        >>> check_finite({"w": torch.tensor([1.0, float("nan")])})
+        Traceback (most recent call last):
+        ...
+        wsym.errors.WsymInputError: w holds NaN or infinite values in the model; ...
+    """
+    import torch
+
+    for key, t in state_dict.items():
+        if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
+            raise WsymInputError(
+                f"{key} holds NaN or infinite values in {where}; "
+                "load a finite checkpoint (or reinitialize that tensor)"
+            )

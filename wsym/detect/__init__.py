@@ -7,14 +7,14 @@ import warnings
 
 import torch
 
-from wsym.detect.analyze import analyze
+from wsym.detect.analyze import analyze, live_nodes
 from wsym.detect.solve import solve
-from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.networkx import to_networkx
 from wsym.graph.trace import trace
 from wsym.graph.trace_types import Traced
 from wsym.spec import SymmetrySpec
-from wsym.verify import Probe, screen, tied_keys
+from wsym.verify import float64_probe, screen, tied_keys
 
 
 def spec_or_detect(spec: SymmetrySpec | None, model, example_inputs, who: str) -> SymmetrySpec:
@@ -58,6 +58,10 @@ def detect(
     Returns:
         The :class:`~wsym.spec.SymmetrySpec`.
 
+    Raises:
+        WsymInputError: NaN or Inf weights (naming the tensor), inputs the model
+            cannot run on, or a model neither tracer can trace.
+
     Example:
         >>> import torch, wsym
         >>> mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -65,6 +69,7 @@ def detect(
         >>> sorted(g.kind for g in spec.groups)
         ['permutation', 'scaling']
     """
+    check_finite(model.state_dict())
     traced = trace(model, example_inputs)
     spec = find_candidates(traced, model)
     if verify:
@@ -85,7 +90,9 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
     ]
     ctx = analyze(traced, ties)
     saved = set(model.state_dict())  # non-persistent buffers (rotary tables) are not state
-    spec = solve(ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved})
+    live = live_nodes(traced.graph)  # unused parameters (dead branches) carry no group
+    live |= {x for pair in ties if set(pair) & live for x in pair}  # tied weights move together
+    spec = solve(ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved and ph in live})
     keys = set(state_keys.values())
     aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:
@@ -100,7 +107,7 @@ def verify_candidates(
     groups = list(spec.groups)
     if not groups:
         return spec
-    devs, failed = screen(spec, Probe(model, example_inputs, seed=seed), seed=seed)
+    devs, failed = screen(spec, float64_probe(model, example_inputs, seed=seed), seed=seed)
     for i in failed:
         g = groups[i]
         warnings.warn(

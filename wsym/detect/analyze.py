@@ -45,13 +45,32 @@ def _tensor_layouts(ctx: Context, node) -> list:
     return list(lay) if isinstance(val, list | tuple) else [lay]
 
 
+def live_nodes(graph: torch.fx.Graph) -> set[str]:
+    """Names of the nodes the outputs depend on.
+
+    The rest is dead code for the function being analysed: parameters of
+    branches that only run in training mode (GoogLeNet's and Inception's
+    auxiliary classifiers in eval mode), values computed and dropped. Their
+    parameters carry no group: any transformation of them trivially "holds".
+    """
+    live: set[str] = set()
+    for node in reversed(graph.nodes):
+        if node.op == "output" or node.name in live:
+            live.add(node.name)
+            live.update(s.name for s in node.all_input_nodes)
+    return live
+
+
 def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
     """One pass of all rules over the graph; ``ties`` are placeholder pairs sharing storage."""
     ctx = Context(indexed_sites=frozenset(indexed_sites))
     tied = dict(ties)
     free = parameter_free(traced.graph, set(traced.parameters))
     rotaries, inside = find_rotary(traced.graph, free)
+    live = live_nodes(traced.graph)
     for node in traced.graph.nodes:
+        if node.op == "call_function" and node.name not in live:
+            continue  # dead code: nothing it couples matters
         if node.name in inside:
             continue  # part of a rotary embedding, handled at its final add
         if node.name in rotaries:
@@ -116,7 +135,7 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
         rule(ctx, node)
         if isinstance(node.meta.get("val"), list | tuple):
             ctx.layouts[node.name] = tuple(ctx.layouts[node.name])
-    except (SplitConflict, KeyError, IndexError, ValueError, TypeError) as err:
+    except (SplitConflict, AttributeError, KeyError, IndexError, ValueError, TypeError) as err:
         reason = f"{name} ({node.name}) could not be analysed: {err}"
         ctx.warn(reason)
         for src in node.all_input_nodes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from wsym.detect.context import Context, Dep
@@ -149,8 +150,8 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
                 st.leaves(a)  # registers class info
             tensors.extend(_blocks(st, sub))
     var_ids: dict = {}
-    layouts = []
-    param_vars: dict = {}  # occurrence key -> leaf class, for state-dict entries
+    layouts = _Layouts()
+    param_vars = _ParamVars()  # occurrence key -> leaf class, for state-dict entries
     for ph, key in state_keys.items():
         lay = ctx.layouts[ph]
         shape = tuple(_node(traced, ph).meta["val"].shape)
@@ -307,20 +308,59 @@ def _diagonal_groups(
     groups = []
     for system, modulus in (("scale", None), ("sign", 2)):
         class_rows = rows.get((system, cls), []) + extra
-        own = {k for k, r in param_vars.items() if r == cls}
+        own = param_vars.by_class.get(cls, set())
         variables = sorted({k for row in class_rows for k in row} | own, key=str)
         basis = nullspace(variables, class_rows, modulus)
         projected = [{k: x for k, x in v.items() if k in own} for v in basis]
         for vec in row_basis([v for v in projected if v], modulus):
-            groups.append(
-                _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys)
-            )
+            group = _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys)
+            if group is not None:
+                groups.append(group)
     return groups
 
 
-def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group:
+class _ParamVars(dict):
+    """Occurrence key -> leaf class, with the inverse index (built once, on first use)."""
+
+    @functools.cached_property
+    def by_class(self) -> dict:
+        out: dict = {}
+        for k, r in self.items():
+            out.setdefault(r, set()).add(k)
+        return out
+
+
+class _Layouts(list):
+    """``[(state key, layout trees)]`` with derived maps built once, on first use."""
+
+    @functools.cached_property
+    def var_param(self) -> dict:
+        return {leaf.var: p for p, dims in self for t in dims for leaf in _leaves(t)}
+
+    @functools.cached_property
+    def leaf_classes(self) -> dict:
+        return {p: [leaf.cls for t in dims for leaf in _leaves(t)] for p, dims in self}
+
+
+def _one_block(layouts: _Layouts, key: str, cls: int) -> bool:
+    """Whether ``key`` (a running variance) is one leaf, of class ``cls``.
+
+    Not so after a cat split (two halves of the class) or a product split (a
+    grouped convolution's ``(groups, channels)``): the correction would be wrong.
+    """
+    return layouts.leaf_classes[key] == [cls]
+
+
+def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -> Group | None:
+    """The group of one exponent vector, or None where its action cannot be written.
+
+    A BatchNorm weight correction is applied along the whole class: a running
+    variance that is not one leaf of the class (two cat halves that move
+    differently, a product split) cannot be corrected, and the group is left out
+    (conservative).
+    """
     exps = dict(sorted((var_ids[k], int(x)) for k, x in vec.items()))
-    var_param = {leaf.var: p for p, dims in layouts for t in dims for leaf in _leaves(t)}
+    var_param = layouts.var_param
     params = tuple(sorted({var_param[v] for v in exps}))
     if system == "sign":
         return Group("sign", info.size, 1, params, cls=cls, exponents=tuple(exps.items()))
@@ -328,6 +368,8 @@ def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -
     for w, rv, _, eps in ctx.bn_corrections:
         u2 = sum(x for v, x in exps.items() if var_param[v] == state_keys[rv])
         if u2:
+            if not _one_block(layouts, state_keys[rv], cls):
+                return None
             corrections.append((state_keys[w], state_keys[rv], float(eps), u2 // 2))
     kind = "norm_scaling" if corrections else "scaling"
     params = tuple(sorted(set(params) | {c[0] for c in corrections}))

@@ -86,7 +86,14 @@ def _source(node, allowed, targets=("aten::linear",), masks=False) -> object | N
 
 
 def _source_linear(node, allowed):
-    return _source(node, allowed)
+    """``(linear node, its bias)``: ``linear(x, W, b)`` or ``addmm(b, x, W)`` (GPT-2's Conv1D)."""
+    lin = _source(node, allowed, targets=("aten::linear", "aten::addmm"))
+    if lin is None:
+        return None, None
+    if rule_name(lin) == "aten::addmm":
+        bias = lin.args[0]
+        return lin, bias if is_tensor(bias) and len(shape(bias)) == 1 else None
+    return lin, arg(lin, 2, "bias")
 
 
 def _bias_leaves(layouts, key) -> list[Leaf]:
@@ -107,8 +114,7 @@ def translation_groups(ctx, st, traced, state_keys, layouts) -> list[Group]:
                 keys.append(mm.args[1])
     groups = []
     for k in keys:
-        lin = _source_linear(k, PASS_THROUGH)
-        bias = arg(lin, 2, "bias") if lin is not None else None
+        _, bias = _source_linear(k, PASS_THROUGH)
         if not is_tensor(bias) or bias.name not in state_keys:
             continue
         signature = set()
@@ -129,8 +135,7 @@ def translation_groups(ctx, st, traced, state_keys, layouts) -> list[Group]:
         x = node.args[0]
         if norm_dim(dim, len(shape(x))) != len(shape(x)) - 1:
             continue
-        lin = _source_linear(x, AXIS_PRESERVING)
-        bias = arg(lin, 2, "bias") if lin is not None else None
+        _, bias = _source_linear(x, AXIS_PRESERVING)
         if not is_tensor(bias) or bias.name not in state_keys:
             continue
         key = state_keys[bias.name]

@@ -3,14 +3,21 @@
 ``torch.export`` (non-strict) captures an ATen graph whose nodes carry shapes;
 ``run_decompositions({})`` functionalizes it so that in-place writes become data
 flow. Where export fails (data-dependent control flow, say), the fallback records
-the ATen calls of one forward pass (:mod:`wsym.graph.record`). Shapes must be
-static for the example inputs.
+the ATen calls of one forward pass (:mod:`wsym.graph.record`), and detection says so
+in one line: the groups found on that specialized trace are verified on the
+module itself. Shapes must be static for the example inputs.
+
+torch's own reports of a failed export (graph dumps, guard logs) are kept off
+stderr unless the ``wsym`` logger is at DEBUG level
+(``logging.getLogger("wsym").setLevel(logging.DEBUG)``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import io
+import logging
 import warnings
 
 import torch
@@ -18,6 +25,17 @@ import torch
 from wsym.errors import WsymInputError
 from wsym.graph.record import record
 from wsym.graph.trace_types import Traced
+
+LOG = logging.getLogger("wsym.graph")
+# loggers through which torch.export reports a failure (with FX graph dumps)
+TORCH_LOGGERS = (
+    "torch.fx.experimental.symbolic_shapes",
+    "torch._dynamo",
+    "torch.export",
+    "torch._export",
+    "torch._functorch",
+    "torch._subclasses.fake_tensor",
+)
 
 
 def split_inputs(example_inputs) -> tuple[tuple, dict]:
@@ -64,19 +82,53 @@ def eval_mode(model: torch.nn.Module):
             m.train(flag)
 
 
+@contextlib.contextmanager
+def quiet_torch():
+    """Keep torch's export diagnostics off stderr unless ``wsym`` logs at DEBUG level.
+
+    torch logs guard failures and prints the partial FX graph of a failed export
+    straight to ``sys.stderr``; both are captured and passed to the ``wsym.graph``
+    logger at DEBUG level.
+    """
+    if logging.getLogger("wsym").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in TORCH_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+        if captured.getvalue():
+            LOG.debug("torch.export wrote:\n%s", captured.getvalue())
+
+
+def first_line(err: BaseException) -> str:
+    """``"Type: first line of the message"`` (just the type if there is no message)."""
+    text = str(err).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    return f"{type(err).__name__}: {line[:160]}" if line else type(err).__name__
+
+
 def _fallback(model, args, kwargs, export_error) -> Traced:
+    LOG.debug("torch.export failed", exc_info=export_error)
     try:
         traced = record(model, args, kwargs)
-    except Exception:  # noqa: BLE001
-        msg = str(export_error).strip().splitlines()[0] if str(export_error).strip() else ""
+    except Exception as err:  # noqa: BLE001
+        LOG.debug("recording the ATen calls failed", exc_info=err)
         raise WsymInputError(
-            f"neither torch.export nor torch.fx can trace this model "
-            f"({type(export_error).__name__}: {msg}); "
-            "remove data-dependent control flow from forward"
+            f"neither torch.export ({first_line(export_error)}) nor the fallback recorder "
+            f"({first_line(err)}) can trace this model; remove data-dependent control flow "
+            "from forward or pass inputs it supports"
         ) from export_error
     warnings.warn(
-        f"torch.export failed ({type(export_error).__name__}); traced with torch.fx "
-        "(recorded ATen calls) instead: control flow is specialized to the example inputs",
+        f"torch.export failed ({first_line(export_error)}); detected on a trace specialized "
+        "to the example inputs' control flow and verified on the module itself",
         stacklevel=4,
     )
     _require_static_shapes(traced.graph)
@@ -160,7 +212,8 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
     args, kwargs = model_inputs(model, example_inputs)
     with eval_mode(model):
         try:
-            ep = torch.export.export(model, args, kwargs, strict=False)
+            with quiet_torch():
+                ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as export_error:  # noqa: BLE001
             _check_runs(model, args, kwargs)
             return _fallback(model, args, kwargs, export_error)

@@ -6,10 +6,10 @@ output. :data:`RULES` maps an ATen schema name (``"aten::linear"``) to its rule;
 an operation without a rule blocks every axis it touches.
 """
 
-from wsym.detect.rules import elementwise, linear, norm, reduce, shape
+from wsym.detect.rules import activation, elementwise, linear, norm, reduce, shape
 
 RULES: dict = {}
-for _module in (shape, elementwise, linear, norm, reduce):
+for _module in (shape, activation, elementwise, linear, norm, reduce):
     RULES.update(_module.RULES)
 
 __all__ = ["RULES"]

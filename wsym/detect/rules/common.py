@@ -6,6 +6,8 @@ import torch.fx
 
 from wsym.detect.context import Context
 
+NONLINEAR = ("gl", "orth")  # the continuous groups no elementwise nonlinearity commutes with
+
 
 def shape(node) -> tuple[int, ...]:
     """Static shape of a traced tensor node (or of a Python number: ``()``)."""

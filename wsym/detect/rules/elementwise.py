@@ -1,33 +1,16 @@
-"""Rules for elementwise arithmetic and activations.
+"""Rules for elementwise arithmetic: sums, products, powers, softmax.
 
-Per axis, an activation allows a diagonal action only where it commutes with it:
-positively homogeneous functions (ReLU, LeakyReLU, max) commute with positive
-scales, odd functions (tanh, sin) with signs, and every elementwise function
-with permutations. None of them commutes with GL or orthogonal mixing.
+Sums and products by numbers are linear along every axis (affine, so only
+permutations pass, where a constant is added); products of two tensors are
+gating products whose exponents add up; ``x ** 2`` read only by sums keeps
+orthogonal maps. Activations live in :mod:`wsym.detect.rules.activation`.
 """
 
 from __future__ import annotations
 
 from wsym.detect.context import Context
-from wsym.detect.rules.common import arg, broadcast, is_tensor, shape
-
-NONLINEAR = ("gl", "orth")
-
-
-def _unary(scale, sign):
-    def rule(ctx: Context, node) -> None:
-        x = node.args[0]
-        out = ctx.like(ctx.layouts[x.name])
-        for do, dx in zip(out, ctx.layouts[x.name], strict=True):
-            ctx.couple(do, dx, scale=scale, sign=sign, breaks=NONLINEAR)
-        ctx.layouts[node.name] = out
-
-    return rule
-
-
-homogeneous = _unary("eq", "zero")  # relu(s x) = s relu(x), s > 0
-odd = _unary("zero", "eq")  # tanh(-x) = -tanh(x)
-generic = _unary("zero", "zero")  # gelu, sigmoid, exp, softmax, ...
+from wsym.detect.rules.activation import generic
+from wsym.detect.rules.common import NONLINEAR, arg, broadcast, is_tensor, shape
 
 
 def is_square(node) -> bool:
@@ -98,6 +81,9 @@ def _constant_along(operands, pos: int, out_shape) -> bool:
 def mul(ctx: Context, node) -> None:
     """mul/div: linear where one side is constant along the axis, a gating product elsewhere."""
     x, y = node.args[0], node.args[1]
+    if arg(node, 2, "rounding_mode") is not None:  # floor/trunc division is not linear
+        generic(ctx, node)
+        return
     if not (is_tensor(x) and is_tensor(y)):
         ctx.layouts[node.name] = broadcast(ctx, node, node.args[:2])
         return
@@ -134,50 +120,9 @@ def softmax(ctx: Context, node) -> None:
     ctx.softmaxes.append((node, arg(node, 1, "dim", -1)))
 
 
-HOMOGENEOUS = ["relu", "leaky_relu", "relu6_", "hardtanh_"]
-ODD = ["tanh", "sin", "asinh", "atan", "sinh", "erf", "tan", "hardtanh"]
-GENERIC = [
-    "gelu",
-    "silu",
-    "sigmoid",
-    "exp",
-    "log",
-    "softplus",
-    "elu",
-    "selu",
-    "celu",
-    "mish",
-    "hardswish",
-    "hardsigmoid",
-    "cos",
-    "sqrt",
-    "rsqrt",
-    "pow",
-    "abs",
-    "sign",
-    "relu6",
-    "reciprocal",
-    "square",
-    "logsigmoid",
-    "glu",
-    "clamp",
-    "clamp_min",
-    "clamp_max",
-    "gelu_tanh",
-    "log1p",
-    "expm1",
-    "cosh",
-    "square",
-    "floor",
-    "ceil",
-    "round",
-]
-LINEAR = ["neg"]
-
-RULES = {f"aten::{n}": homogeneous for n in HOMOGENEOUS}
-RULES.update({f"aten::{n}": odd for n in ODD})
-RULES.update({f"aten::{n}": generic for n in GENERIC})
-RULES.update({f"aten::{n}": scalar_linear for n in LINEAR})
+RULES = {
+    "aten::neg": scalar_linear,
+}
 RULES.update(
     {
         "aten::pow": pow_,
@@ -192,3 +137,5 @@ RULES.update(
         "aten::_log_softmax": softmax,
     }
 )
+
+__all__ = ["NONLINEAR", "RULES", "is_square"]

@@ -130,42 +130,72 @@ def tensordot(ctx: Context, node) -> None:
 
 
 def conv(ctx: Context, node) -> None:
-    """conv1d/2d/3d: channels are contracted; spatial and kernel axes are blocked."""
+    """conv1d/2d/3d and conv_transpose: channels are contracted; spatial and kernel axes blocked.
+
+    ``groups = G`` splits the channels as ``(G, a)`` in and ``(G, b)`` out, and
+    ``y[n, (g, j)] = sum_i W[(g, j), i] * x[n, (g, i)]``: ``g`` is a batch axis of a
+    bilinear map (groups permute together, scales add up), ``i`` is contracted,
+    ``j`` is the output unit. Depthwise convolution is ``a = b = 1``. A transposed
+    convolution stores ``W`` as ``(C_in, C_out / G, ...)``: the same with the two
+    channel axes of ``W`` swapped.
+    """
     x, w, b = node.args[0], node.args[1], arg(node, 2, "bias")
-    general = node.target._schema.name == "aten::convolution"
+    name = node.target._schema.name
+    general = name == "aten::convolution"
+    transposed = name.startswith("aten::conv_transpose") or (
+        general and arg(node, 6, "transposed", False)
+    )
     groups = arg(node, 8, "groups", 1) if general else arg(node, 6, "groups", 1)
-    if general and arg(node, 6, "transposed", False):
-        reason = "transposed convolution not supported yet"
-        ctx.warn(f"{node.name}: {reason}")
-        ctx.block(ctx.layouts[x.name], reason)
-        ctx.block(ctx.layouts[w.name], reason)
-        ctx.layouts[node.name] = ctx.fresh(shape(node), reason)
-        return
     lx, lw = ctx.layouts[x.name], ctx.layouts[w.name]
     out_shape = shape(node)
     out = ctx.fresh(out_shape)
     ctx.couple(out[0], lx[0])
     for d in lx[2:] + lw[2:] + out[2:]:
         ctx.block_dim(d, "convolution spatial axis")
+    w_in, w_out = (lw[0], lw[1]) if transposed else (lw[1], lw[0])
     cin, cout = shape(x)[1], out_shape[1]
     if groups == 1:
-        ctx.couple(out[1], lw[0])
-        ctx.couple(lx[1], lw[1], parity=1)
-        ctx.event([lx[1], lw[1]], [lx, lw])
-    elif groups == cin == cout and shape(w)[1] == 1:  # depthwise: y_c = x_c * w_c
-        ctx.couple(out[1], lx[1], scale=None, sign=None, breaks=NONLINEAR)
-        ctx.couple(out[1], lw[0], scale=None, sign=None)
-        for system in ("scale", "sign"):
-            ctx.relate(system, [out[1], lx[1], lw[0]], (1, -1, -1))
+        ctx.couple(out[1], w_out)
+        ctx.couple(lx[1], w_in, parity=1)
+        ctx.event([lx[1], w_in], [lx, lw])
     else:
-        reason = f"grouped convolution (groups={groups}) not supported yet"
-        ctx.warn(f"{node.name}: {reason}")
-        for d in (lx[1], lw[0], lw[1], out[1]):
-            ctx.block_dim(d, reason)
+        _grouped(ctx, groups, cin // groups, cout // groups, lx[1], out[1], w_in, w_out, transposed)
     if is_tensor(b):
         ctx.couple(out[1], ctx.layouts[b.name][0])
         _affine_leading(ctx, [out[0]] + out[2:])
     ctx.layouts[node.name] = out
+
+
+def _grouped(ctx: Context, groups, a, b, x_dim, out_dim, w_in, w_out, transposed) -> None:
+    """Couple the channels of a grouped convolution (see :func:`conv`).
+
+    ``W`` holds the group axis with its output units (``(G b, a)``), or, transposed,
+    with its input units (``(G a, b)``).
+    """
+
+    def split(dim, inner):
+        g = ctx.new(groups)
+        k = ctx.new(inner) if inner > 1 else None
+        ctx.couple(dim, [g] + ([k] if k is not None else []))
+        return g, k
+
+    gx, ix = split(x_dim, a)
+    go, jo = split(out_dim, b)
+    if transposed:
+        gw, iw = split(w_in, a)
+        jw = w_out[0] if w_out else None
+    else:
+        gw, jw = split(w_out, b)
+        iw = w_in[0] if w_in else None
+    for gg in (gx, gw):
+        ctx.couple([go], [gg], scale=None, sign=None, breaks=NONLINEAR)
+    for system in ("scale", "sign"):
+        ctx.relate(system, [[go], [gx], [gw]], (1, -1, -1))
+    if jo is not None:
+        ctx.couple([jo], [jw])
+    if ix is not None:  # (a = 1: W's input axis has size 1, nothing is contracted)
+        ctx.couple([ix], [iw], parity=1)
+        ctx.event([[ix], [iw]], [])
 
 
 def embedding(ctx: Context, node) -> None:
@@ -206,12 +236,15 @@ def sdpa(ctx: Context, node) -> None:
             continue
         for d in dims.values():
             ctx.couple(out[pos], d, scale=None, sign=None, breaks=NONLINEAR)
-        if "q" in dims and "k" in dims:
-            for system in ("scale", "sign"):
-                ctx.relate(system, [dims["q"], dims["k"]], (1, 1))
-        if "v" in dims:
-            for system in ("scale", "sign"):
+        # scores scale by e(q) + e(k), outputs by e(v); a broadcast operand has exponent 0
+        qk = [dims[n] for n in ("q", "k") if n in dims]
+        for system in ("scale", "sign"):
+            if qk:
+                ctx.relate(system, qk, (1,) * len(qk))
+            if "v" in dims:
                 ctx.relate(system, [out[pos], dims["v"]], (1, -1))
+            else:
+                ctx.relate(system, [out[pos]], (1,))
     ctx.couple(out[-2], lq[-2])
     ctx.couple(lk[-2], lv[-2], scale="zero", sign="zero", breaks=NONLINEAR)
     ctx.couple(lq[-1], lk[-1], parity=1)
@@ -253,6 +286,9 @@ RULES = {
     "aten::conv2d": conv,
     "aten::conv3d": conv,
     "aten::convolution": conv,
+    "aten::conv_transpose1d": conv,
+    "aten::conv_transpose2d": conv,
+    "aten::conv_transpose3d": conv,
     "aten::embedding": embedding,
     "aten::scaled_dot_product_attention": sdpa,
 }

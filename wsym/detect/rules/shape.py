@@ -143,6 +143,18 @@ def permute(ctx: Context, node) -> None:
     ctx.layouts[node.name] = [lay[norm_dim(d, len(lay))] for d in node.args[1]]
 
 
+def numpy_t(ctx: Context, node) -> None:
+    """``x.T``: all axes reversed."""
+    ctx.layouts[node.name] = list(reversed(ctx.layouts[node.args[0].name]))
+
+
+def matrix_t(ctx: Context, node) -> None:
+    """``x.mT``: the last two axes swapped."""
+    lay = list(ctx.layouts[node.args[0].name])
+    lay[-2], lay[-1] = lay[-1], lay[-2]
+    ctx.layouts[node.name] = lay
+
+
 def expand(ctx: Context, node) -> None:
     """expand: broadcast axes get fresh atoms along which the values are copies.
 
@@ -161,6 +173,33 @@ def expand(ctx: Context, node) -> None:
             ctx.mark(dim, *NONLINEAR)
             for system in ("scale", "sign"):
                 ctx.relate(system, [dim], (1,))
+    ctx.layouts[node.name] = out
+
+
+def pad(ctx: Context, node) -> None:
+    """pad(x, pads, mode, value): the trailing ``len(pads) / 2`` axes grow; the others pass.
+
+    Padded axes are blocked. Along the others the values are copied (zeros, or
+    reflected / replicated entries of the same unit), so units permute and, unless a
+    nonzero constant is padded in, rescale with their inputs.
+    """
+    x, pads = node.args[0], node.args[1]
+    if node.target._schema.name == "aten::constant_pad_nd":  # (x, pads, value)
+        mode, value = "constant", arg(node, 2, "value", 0)
+    else:
+        mode, value = arg(node, 2, "mode", "constant"), arg(node, 3, "value", None)
+    lay, out_shape = ctx.layouts[x.name], shape(node)
+    n = len(lay) - len(pads) // 2
+    out = ctx.fresh(out_shape)
+    for i in range(n):
+        out[i] = list(lay[i])
+        if mode == "constant" and value not in (None, 0, 0.0) and out_shape[i] > 1:
+            ctx.mark(out[i], *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [out[i]], (1,))
+    for i in range(n, len(lay)):
+        ctx.block_dim(lay[i], "padded axis")
+        ctx.block_dim(out[i], "padded axis")
     ctx.layouts[node.name] = out
 
 
@@ -380,6 +419,7 @@ CONSTANTS = [
     "eye",
 ]
 VIEWS = ["view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze"]
+VIEWS += ["reshape_as", "view_as"]  # the shape comes from the node, not the second operand
 
 RULES = {f"aten::{n}": identity for n in IDENTITY}
 RULES.update({f"aten::{n}": constant for n in CONSTANTS})
@@ -391,7 +431,12 @@ RULES.update(
         "aten::transpose": transpose,
         "aten::t": transpose,
         "aten::permute": permute,
+        "aten::numpy_T": numpy_t,
+        "aten::mT": matrix_t,
         "aten::expand": expand,
+        "aten::expand_as": expand,
+        "aten::pad": pad,
+        "aten::constant_pad_nd": pad,
         "aten::select": select,
         "aten::unbind": unbind,
         "aten::slice": slice_,
