@@ -346,13 +346,15 @@ class Geodesic(Adaptive):
         """A random horizontal direction in the metric's coordinates (equivariant draw)."""
         out = super().random(gen)
         for (G, H), m, rows in zip(self.blocks, self.metrics, self.quotient.rows, strict=True):
-            lead, n, k = G.shape[:-2], G.shape[-2], H.shape[-2]
-            if m == "invariant":  # xi = M G: Gaussian in metric coordinates
-                xG = _randn(G, gen, (*lead, n, n)) @ G
-                xH = _randn(H, gen, (*lead, k, k)) @ H
-            else:  # xi_G = M H Q^-1 transforms like G under GL
-                xG = Gram.of(H, EPS).solve(_randn(G, gen, (*lead, n, k)) @ H, left=False)
-                xH = Gram.of(G, EPS).solve(_randn(H, gen, (*lead, k, n)) @ G, left=False)
+            # invariant: xi = Z G with Z Gaussian (n x n), whose rows are N(0, G^T G): drawn
+            # as Gaussian rows times the Cholesky factor (n x h, not n x n). Mixed:
+            # xi_G = Z H Q^-1 with rows N(0, H^T H) before the solve, transforming like G
+            PG, PH = Gram.of(G, EPS), Gram.of(H, EPS)
+            cov = (PG, PH) if m == "invariant" else (PH, PG)
+            xG = _randn(G, gen) @ torch.linalg.cholesky(cov[0].matrix).mT
+            xH = _randn(H, gen) @ torch.linalg.cholesky(cov[1].matrix).mT
+            if m != "invariant":
+                xG, xH = PH.solve(xG, left=False), PG.solve(xH, left=False)
             if rows is not None:  # the draws mix rows: keep the padding rows zero
                 xG, xH = xG * rows.G, xH * rows.H
             out.extend([xG, xH])

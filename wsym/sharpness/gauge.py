@@ -230,7 +230,9 @@ def _gram(E: Tensor, w: Tensor) -> Tensor:
     """``E^T diag(w) E`` (dense ``(n, n)``) of a sparse COO ``E``."""
     rows, cols = E.indices()
     scaled = _sparse(rows, cols, E.values() * w[rows], E.shape)
-    return torch.sparse.mm(E.t(), scaled).to_dense()
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse.mm(E.t(), scaled).to_dense()
 
 
 def _newton(obj: _Objective) -> Tensor | None:
