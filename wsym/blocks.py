@@ -17,6 +17,7 @@ from torch import Tensor
 
 from wsym.act import derived, transform
 from wsym.geometry import Pair
+from wsym.group import layout
 from wsym.spec import Group, SymmetrySpec
 from wsym.units import class_params
 
@@ -36,30 +37,6 @@ def _group_params(spec: SymmetrySpec, group: Group, names) -> list[str]:
     return [p for p in class_params(spec, group.cls) if p in names]
 
 
-def _visit(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Tensor]:
-    """Call ``fn(moved_block, parity) -> moved_block`` on every block of ``group``.
-
-    ``moved_block`` has the index axes first and the class axis last (as in
-    :func:`wsym.units.block_matrices`); the returned tensors are put back in
-    place. Returns the rebuilt tensors of the group's parameters.
-    """
-    layout = spec.layout
-    out = {}
-    for p in _group_params(spec, group, tensors):
-
-        def one(block, lv):
-            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
-            if len(axes) != 1:
-                return block
-            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
-            src, dst = [*idx, axes[0]], [*range(len(idx)), block.ndim - 1]
-            moved = fn(block.movedim(src, dst), lv[axes[0]].parity)
-            return moved.movedim(dst, src)
-
-        out[p] = transform(tensors[p], list(layout[p]), one)
-    return out
-
-
 def _scaling_exps(group: Group) -> dict[int, int]:
     return {var: e for var, e in group.exponents if e}
 
@@ -68,23 +45,6 @@ def is_gl1(group: Group) -> bool:
     """A ``scaling`` group whose exponents are all +1/-1, both present."""
     exps = set(_scaling_exps(group).values())
     return group.kind == "scaling" and exps == {1, -1}
-
-
-def _visit_scaling(spec: SymmetrySpec, group: Group, tensors: dict, fn) -> dict[str, Tensor]:
-    """Call ``fn(moved_block, exponent)`` (unit axis first) on every +-1 block of ``group``."""
-    layout, exps = spec.layout, _scaling_exps(group)
-    out = {}
-    for p in _group_params(spec, group, tensors):
-
-        def one(block, lv):
-            axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
-            if len(axes) != 1 or exps.get(lv[axes[0]].var, 0) not in (1, -1):
-                return block
-            moved = fn(block.movedim(axes[0], 0), exps[lv[axes[0]].var])
-            return moved.movedim(0, axes[0])
-
-        out[p] = transform(tensors[p], list(layout[p]), one)
-    return out
 
 
 def _touched(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
@@ -105,56 +65,20 @@ def _touched(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor
 
 
 def gather_group(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]:
-    """``{parity: (*index, rows, h)}`` of ``group`` (as ``units.block_matrices``).
+    """``{parity: (*index, rows, h)}`` of ``group`` (:func:`wsym.group.layout.gather`).
 
     GL(1) scaling groups: parity 0 holds the exponent +1 entries, parity 1 the
     exponent -1 entries, as ``(n_units, rows, 1)``.
     """
-    parts: dict[int, list] = {0: [], 1: []}
-    if group.kind == "scaling":
-
-        def grab_unit(moved, e):
-            parts[0 if e == 1 else 1].append(moved.reshape(moved.shape[0], -1))
-            return moved
-
-        _visit_scaling(spec, group, tensors, grab_unit)
-        return {k: torch.cat(v, dim=1).unsqueeze(-1) for k, v in parts.items() if v}
-
-    def grab(moved, parity):
-        lead = moved.shape[: len(group.index)]
-        parts[parity].append(moved.reshape(*lead, -1, group.size))
-        return moved
-
-    _visit(spec, group, tensors, grab)
-    return {k: torch.cat(v, dim=-2) for k, v in parts.items() if v}
+    return layout.gather(spec, group, tensors)
 
 
 def scatter_group(
     spec: SymmetrySpec, group: Group, pair: Pair, like: dict[str, Tensor]
 ) -> dict[str, Tensor]:
     """Parameter-shaped tensors holding ``pair``'s rows (zero elsewhere); inverse of gathering."""
-    offset = {0: 0, 1: 0}
-    src = {0: pair.G, 1: pair.H}
-    zeros = {p: torch.zeros_like(like[p], dtype=pair.G.dtype) for p in like}
-    if group.kind == "scaling":
-
-        def put_unit(moved, e):
-            parity = 0 if e == 1 else 1
-            rows = moved[0].numel()
-            start = offset[parity]
-            offset[parity] = start + rows
-            return src[parity][:, start : start + rows, 0].reshape(moved.shape)
-
-        return _visit_scaling(spec, group, zeros, put_unit)
-
-    def put(moved, parity):
-        lead = moved.shape[: len(group.index)]
-        rows = moved.reshape(*lead, -1, group.size).shape[-2]
-        start = offset[parity]
-        offset[parity] = start + rows
-        return src[parity][..., start : start + rows, :].reshape(moved.shape)
-
-    return _visit(spec, group, zeros, put)
+    parts = {k: m for k, m in ((0, pair.G), (1, pair.H)) if m.shape[-2] > 0}
+    return layout.scatter(spec, group, parts, like)
 
 
 def _pair(parts: dict[int, Tensor]) -> Pair:
