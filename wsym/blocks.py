@@ -18,6 +18,7 @@ from torch import Tensor
 from wsym.act import derived, transform
 from wsym.geometry import Pair
 from wsym.group import layout
+from wsym.group.kinds import kind_of
 from wsym.spec import Group, SymmetrySpec
 from wsym.units import class_params
 
@@ -44,13 +45,15 @@ def _scaling_exps(group: Group) -> dict[int, int]:
 def is_gl1(group: Group) -> bool:
     """A ``scaling`` group whose exponents are all +1/-1, both present."""
     exps = set(_scaling_exps(group).values())
-    return group.kind == "scaling" and exps == {1, -1}
+    kind = kind_of(group)
+    return kind.diagonal and kind.continuous and not kind.one_sided and exps == {1, -1}
 
 
 def _touched(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
     """``{name: bool}``: entries a continuous group changes (every block holding its class)."""
     layout = spec.layout
-    exps = _scaling_exps(group) if group.kind in ("scaling", "norm_scaling") else None
+    k = kind_of(group)
+    exps = _scaling_exps(group) if k.diagonal and k.continuous else None
     out = {}
     for p in _group_params(spec, group, params):
 
@@ -97,10 +100,11 @@ def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
     taken: dict[str, Tensor] = {}
     chosen = []
     for i, group in enumerate(spec.groups):
-        if group.kind not in ("gl", "orthogonal") or not _group_params(spec, group, params):
+        kind = kind_of(group)
+        if not kind.matrix or not _group_params(spec, group, params):
             continue
         parts = gather_group(spec, group, params)
-        if not parts or (group.kind == "gl" and set(parts) != {0, 1}):
+        if not parts or (not kind.self_dual and set(parts) != {0, 1}):
             continue
         mask = _mask(spec, group, params)
         if any((taken[p] & m).any() for p, m in mask.items() if p in taken):
@@ -136,11 +140,10 @@ def _block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, .
     for i in chosen:
         for p, m in _mask(spec, spec.groups[i], params).items():
             taken[p] = taken[p] | m if p in taken else m
-    continuous = ("scaling", "norm_scaling", "gl", "orthogonal")
     touched = {
         i: _touched(spec, g, params)
         for i, g in enumerate(spec.groups)
-        if g.kind in continuous and g.cls >= 0
+        if kind_of(g).continuous and not kind_of(g).additive and g.cls >= 0
     }
     for i, group in enumerate(spec.groups):
         if not is_gl1(group) or not _group_params(spec, group, params):

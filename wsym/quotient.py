@@ -51,6 +51,7 @@ from torch import Tensor
 
 from wsym.blocks import block_groups, gather, gl_groups, scatter
 from wsym.geometry import Pair
+from wsym.group.kinds import kind_of
 from wsym.spec import SymmetrySpec
 
 __all__ = ["Quotient", "block_groups", "gather", "gl_groups", "scatter"]
@@ -95,7 +96,7 @@ class Quotient:
         self.blocks = gather(spec, params)
         by_shape: dict[tuple, list[int]] = {}
         for j, (i, b) in enumerate(self.blocks):
-            orthogonal = spec.groups[i].kind == "orthogonal"
+            orthogonal = kind_of(spec.groups[i]).self_dual
             by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1], orthogonal), []).append(j)
         self.members = list(by_shape.values())
         self.orthogonal = [key[2] for key in by_shape]

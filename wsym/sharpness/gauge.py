@@ -38,12 +38,12 @@ from torch import Tensor
 from wsym.act import GroupElement, act
 from wsym.canon import canonical_element
 from wsym.errors import SymmetryWarning
+from wsym.group.kinds import kind_of
 from wsym.group.memo import derived
 from wsym.quotient import Quotient
 from wsym.sharpness.vertical import exponent_entries, exponent_matrix
 from wsym.spec import SymmetrySpec
 
-DIAGONAL = ("scaling", "norm_scaling")
 NEWTON_TOL = 1e-13
 MAX_NEWTON = 100
 
@@ -72,7 +72,7 @@ def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[s
     if names is None:
         buffers = set(spec.buffers)
         names = [k for k, _ in spec.layouts if k in state and k not in buffers]
-    if any(g.kind == "translation" for g in spec.groups):  # first: F reads the key bias
+    if any(kind_of(g).additive for g in spec.groups):  # first: F reads the key bias
         state, _ = canonical_element(state, spec, kinds={"translation"})
     params = {n: state[n] for n in names}
     groups = gauged_groups(spec, params)
@@ -86,6 +86,11 @@ def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[s
                 start += n
             state = act(spec, GroupElement(tuple(element)), state)
     return state
+
+
+def _diagonal(group) -> bool:
+    kind = kind_of(group)
+    return kind.diagonal and kind.continuous
 
 
 def gauged_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
@@ -102,7 +107,7 @@ def _gauged(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, ...]:
     if not q.blocks:
         return ()
     own = {i for i, _ in q.blocks}
-    diagonal = [i for i, g in enumerate(spec.groups) if g.kind in DIAGONAL and i not in own]
+    diagonal = [i for i, g in enumerate(spec.groups) if _diagonal(g) and i not in own]
     names = list(params)
     rows, cols, _ = exponent_entries(spec, diagonal, names, params)
     start = torch.tensor([0] + [spec.groups[i].size for i in diagonal]).cumsum(0)

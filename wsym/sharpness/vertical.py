@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from wsym.geometry import Gram
+from wsym.group.kinds import kind_of
 from wsym.group.kinds.translation import translate
 from wsym.group.layout import map_blocks
 from wsym.group.memo import derived
@@ -60,9 +61,10 @@ def _vertical_torus(spec: SymmetrySpec, params: dict[str, Tensor], skip: set[int
     buffers = set(spec.buffers)
     out = []
     for i, g in enumerate(spec.groups):
-        if i in skip or g.kind not in ("scaling", "norm_scaling"):
+        kind = kind_of(g)
+        if i in skip or not (kind.diagonal and kind.continuous):
             continue
-        if g.kind == "norm_scaling" and (g.corrections or buffers & set(g.params)):
+        if g.corrections or buffers & set(g.params):
             continue  # BatchNorm: the running statistics move too
         if any(p in params for p in g.params):
             out.append(i)
@@ -133,7 +135,7 @@ def translation_directions(
     full = torch.zeros(start, dtype=torch.float64)
     uniform = []
     for g in spec.groups:
-        if g.kind != "translation" or g.target[0] not in offsets:
+        if not kind_of(g).additive or g.target[0] not in offsets:
             continue
         key, _, mode = g.target
         t = params[key].detach().double()
