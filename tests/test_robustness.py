@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from wsym.errors import WsymInputError
-
 _PATH = Path(__file__).parents[1] / "benchmarks" / "optimizers.py"
 _SPEC = importlib.util.spec_from_file_location("benchmark_optimizers", _PATH)
 bench = importlib.util.module_from_spec(_SPEC)
@@ -27,10 +25,5 @@ def test_optimizer_trains_at_best_learning_rate_of_grid(task, name, base):
     lrs = bench.GRID_BASES[base]
     assert len(lrs) >= 4 and max(lrs) / min(lrs) >= 30
     torch.set_num_threads(1)
-    try:
-        ratios = bench.grid_cell(task, name, base)
-    except WsymInputError as err:
-        if name == "geosam" and "needs GL groups" in str(err):
-            pytest.xfail(f"pending (GeoSAM's whole-group quotient geometry): {err}")
-        raise
+    ratios = bench.grid_cell(task, name, base)
     assert min(ratios) < 0.7, dict(zip(lrs, ratios, strict=True))

@@ -169,6 +169,9 @@ class Gram:
 
     @cached_property
     def _eigh(self) -> tuple[Tensor, Tensor]:
+        if not bool(torch.isfinite(self.raw).all()):  # a diverged step: NaN, not an exception
+            nan = torch.full_like(self.raw, float("nan"))
+            return nan[..., 0], nan
         p, U = torch.linalg.eigh(self.raw)
         return p.clamp_min(0), U
 
