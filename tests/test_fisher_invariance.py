@@ -5,24 +5,19 @@ import warnings
 
 import pytest
 import torch
+from cases import _stock_cnn
 from torch.nn import functional as F
 
 import wsym
 from wsym.curvature import fisher_riemannian_sharpness
-from wsym.reference import MLP, ResidualCNN
+from wsym.reference import MLP
 
 KINDS = ["scaling", "sign", "norm_scaling", "permutation"]
 TOL = 1e-6
 
 
 def _cnn():
-    model = ResidualCNN(channels=4)
-    gen = torch.Generator().manual_seed(5)
-    for m in model.modules():  # running statistics away from (0, 1): norm_scaling moves them
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen))
-            m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
-    return model, (1, 6, 6), 10
+    return _stock_cnn(), (1, 6, 6), 10
 
 
 CASES = {"mlp3": lambda: (MLP(6, [5, 4, 4], 3), (6,), 3), "cnn": _cnn}
