@@ -24,42 +24,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.act import GroupElement, act
-from wsym.canon import canonical_element
+from wsym.act import act
 from wsym.sharpness import gauge
 from wsym.spec import SymmetrySpec
 
 
 def balancing(
-    spec: SymmetrySpec, params: dict[str, Tensor], groups: list[int] | None = None
+    spec: SymmetrySpec, params: dict[str, Tensor]
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``(theta_hat, f)``: the balanced parameters (float64) and ``d theta_hat / d theta``.
 
     Args:
         spec: the symmetry spec.
         params: ``{name: tensor}``, the parameters that are perturbed.
-        groups: :func:`wsym.sharpness.gauge.gauged_groups` of ``spec`` and these
-            parameters (it reads their shapes only: an optimizer computes it once).
 
     Returns:
         Both dicts keyed like ``params``; ``f`` is all ones where nothing is balanced.
     """
-    state = {n: p.detach().double() for n, p in params.items()}
-    if any(g.kind == "translation" for g in spec.groups):  # as gauge.balanced: first
-        state, _ = canonical_element(state, spec, kinds={"translation"})
-    groups = gauge.gauged_groups(spec, state) if groups is None else groups
+    state, k = gauge.balancing_element(spec, params, names=list(params))
     ones = {n: torch.ones_like(t) for n, t in state.items()}
-    if not groups:
+    if not k.components:
         return state, ones
-    u = gauge._newton(gauge._Objective(spec, state, groups))
-    if u is None:
-        return state, ones
-    element, start = [], 0
-    for i in groups:
-        n = spec.groups[i].size
-        element.append((i, torch.exp(u[start : start + n])))
-        start += n
-    k = GroupElement(tuple(element))
     full = {
         name: torch.ones(tuple(t.size for t in dims), dtype=torch.float64)
         for name, dims in spec.layouts

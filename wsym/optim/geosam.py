@@ -72,7 +72,6 @@ from wsym.group.kinds import kind_of
 from wsym.optim.balance import balancing
 from wsym.optim.base import SharpnessAware
 from wsym.perturbation import Adaptive, Geodesic, Perturbation
-from wsym.sharpness import gauge
 from wsym.spec import SymmetrySpec
 
 GEO_METRICS = ("invariant", "mixed")
@@ -115,7 +114,6 @@ class GeoSAM(SharpnessAware):
         self.metric = metric
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self.quotient = any(kind_of(g).continuous for g in self.spec.groups)
-        self._gauged: list[int] | None = None  # the balanced groups: shapes only, found once
         if not self.quotient:
             warnings.warn(
                 "GeoSAM: the spec has no continuous group, so there is no quotient; "
@@ -129,9 +127,7 @@ class GeoSAM(SharpnessAware):
         table = {n: p.detach().double() for n, p in zip(self.names, params, strict=True)}
         grad = {n: g.detach().double() for n, g in zip(self.names, grads, strict=True)}
         if self.quotient:
-            if self._gauged is None:
-                self._gauged = gauge.gauged_groups(self.spec, table)
-            table, factor = balancing(self.spec, table, self._gauged)
+            table, factor = balancing(self.spec, table)
             grad = {n: g / factor[n] if n in factor else g for n, g in grad.items()}
             geom: Perturbation = Geodesic(table, self.spec, self.metric)
         else:

@@ -2,15 +2,13 @@
 
 A measure name is one of :data:`wsym.sharpness.MEASURES`, optionally followed by
 :data:`AVERAGE` for the average case (antithetic random directions, reported with
-its standard error). ``fisher`` is taken at the canonical point of the orbit
-(:func:`wsym.curvature.fisher_riemannian_sharpness` with the spec, weight-relative
-damping), where its Hutchinson probes are transported with the units.
+its standard error). :func:`wsym.sharpness.sharpness` takes ``fisher`` at the
+canonical point of the orbit (weight-relative damping), where its Hutchinson probes
+are transported with the units.
 """
 
 from __future__ import annotations
 
-from wsym.curvature import fisher_riemannian_sharpness
-from wsym.curvature.objective import as_double
 from wsym.report.context import Context
 from wsym.sharpness import Estimate, sharpness
 
@@ -20,12 +18,6 @@ RHO = 0.05
 
 def measure(ctx: Context, model, batches: list, name: str) -> Estimate:
     """Measure ``name`` of ``model`` (float64) on ``batches``: value and standard error."""
-    if name == "fisher":
-        batches64 = [(as_double(x), as_double(y)) for x, y in batches]
-        value = fisher_riemannian_sharpness(
-            model, batches64, ctx.loss_fn, seed=ctx.seed, relative=True, spec=ctx.spec
-        )
-        return Estimate(value, 0.0)
     average = name.endswith(AVERAGE)
     return sharpness(
         model,

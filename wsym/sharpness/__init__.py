@@ -12,37 +12,34 @@ at first and halved (restarting from the best point) at checkpoints where fewer 
 75% of the steps improved, momentum 0.75, projection onto the metric ball. The ascent
 starts at :math:`\xi = 0` and its first direction is the Riemannian gradient, so every
 step is equivariant: a symmetric copy of the network follows the image of the same
-path. With ``average=True`` the max is replaced by the mean over ``steps`` random
-directions of norm :math:`\rho`, drawn from ``seed`` in the metric's own coordinates.
+path. With ``average=True`` the max is replaced by the mean over ``steps`` antithetic
+pairs ``+-xi`` of random directions of norm :math:`\rho` (the first-order term cancels
+in each pair), drawn from ``seed``; ``with_error=True`` also returns the standard error.
 
 ====================  =============================  ==========================================
 measure               perturbation                   invariant to (group kinds)
 ====================  =============================  ==========================================
 ``euclidean``         ``theta + xi``, ``|xi|_2``      none
 ``adaptive``          ``theta + |w| * u``, ``|u|_2``  scaling, sign, norm_scaling, permutation
-``geodesic-inv``      geodesic step (GL blocks,       as adaptive, plus gl (see below)
-``geodesic-mix``      invariant / mixed metric)
+``geodesic-inv``      horizontal geodesic step        every detected kind, the whole group at
+``geodesic-mix``      (invariant / mixed metric)     once (see below)
 ``hessian-trace``     --                             permutation, orthogonal
 ``lambda-max``        --                             permutation, orthogonal
-``fisher``            --                             scaling, sign, norm_scaling (same seed;
-                                                     weight-relative damping); permutation in
-                                                     distribution
+``fisher``            --                             scaling, sign, norm_scaling, permutation
+                                                     (evaluated at the canonical point, same seed)
 ====================  =============================  ==========================================
 
-Geodesic measures (:mod:`wsym.quotient`): on each ``gl`` group's blocks ``(G, H)``, and
-on each ``scaling`` group with exponents +-1 taken as ``GL(1)`` blocks per unit (``G`` the
-unit's exponent +1 entries, ``H`` its exponent -1 entries; only where no other
-continuous group touches them, e.g. not for two ReLU layers sharing a weight), the
-tangent is horizontal, measured with the invariant (``-inv``) or mixed (``-mix``) metric
-and moved along by :func:`wsym.geometry.geodesic_step`; every other entry uses the
-elementwise adaptive metric and a straight step. Caveat: a scaling group that rescales
-*rows* of a GL block (a LayerNorm gain in front of ``W_Q``) is not an isometry of the
-block metrics, so invariance to scaling holds for scaling groups outside GL blocks.
-Without GL or GL(1) blocks the geodesic measures equal ``adaptive`` (with a warning).
-Average-case values (same seed) are exactly invariant to ``gl`` and to scaling groups
-outside GL blocks, ``adaptive`` also to sign groups; to permutations, and to sign
-groups acting on GL rows, only in distribution (the Gaussian draw is not permuted or
-flipped with the units). Worst-case values are invariant to all the listed kinds.
+Geodesic measures (``docs/geometry.md``): the quotient by the *whole* continuous group.
+GL, orthogonal and GL(1) blocks (:mod:`wsym.quotient`) use the invariant (``-inv``) or
+mixed (``-mix``) metric and the second-order geodesic step, every other entry the
+elementwise adaptive metric and a straight step; the tangent is projected on the
+horizontal space of every continuous group, overlapping or not
+(:mod:`wsym.sharpness.vertical`), and everything is evaluated at the balanced point of
+the diagonal groups (:mod:`wsym.sharpness.gauge`), where the metric is invariant to the
+product of all of them. Average-case directions are drawn at the canonical point
+(:func:`wsym.canonicalize`), in canonical coordinates, so the same seed gives the same
+value for every point of the orbit. A spec without continuous groups gives
+``adaptive`` (with a warning).
 
 Evaluation: the model is copied to float64 and called with
 :func:`torch.func.functional_call` in eval mode (BatchNorm uses running statistics,
@@ -233,6 +230,8 @@ def sharpness(
     model64 = copy.deepcopy(model).double()
     batches64 = [(as_double(x), as_double(y)) for x, y in batches]
     if measure in ("hessian-trace", "lambda-max", "fisher"):
+        if measure == "fisher":  # probes and sampled labels in canonical coordinates
+            options = {"spec": _spec_of(model, batches, spec), **options}
         value = _curvature(measure, model64, batches64, loss_fn, seed, options)
         return Estimate(value, 0.0) if with_error else value
     if options:

@@ -68,24 +68,35 @@ def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[s
         >>> bool(torch.allclose(a[key].abs().sort()[0], b[key].abs().sort()[0]))
         True
     """
+    state, k = balancing_element(spec, state, names)
+    return act(spec, k, state) if k.components else state
+
+
+def balancing_element(
+    spec: SymmetrySpec, state: dict[str, Tensor], names=None
+) -> tuple[dict[str, Tensor], GroupElement]:
+    """``(state with canonical translations (float64), k)``: :func:`balanced` is ``k . state``.
+
+    ``k`` is the diagonal element ``s*`` of the module docstring (empty where no
+    diagonal group needs balancing, or where the balancing diverges, with a warning).
+    """
     state = {k: v.detach().double() if v.is_floating_point() else v for k, v in state.items()}
+    if any(kind_of(g).additive for g in spec.groups):  # first: F reads the key bias
+        state, _ = canonical_element(state, spec, kinds={"translation"})
     if names is None:
         buffers = set(spec.buffers)
         names = [k for k, _ in spec.layouts if k in state and k not in buffers]
-    if any(kind_of(g).additive for g in spec.groups):  # first: F reads the key bias
-        state, _ = canonical_element(state, spec, kinds={"translation"})
     params = {n: state[n] for n in names}
     groups = gauged_groups(spec, params)
-    if groups:
-        u = _newton(_Objective(spec, params, groups))
-        if u is not None:
-            element, start = [], 0
-            for i in groups:
-                n = spec.groups[i].size
-                element.append((i, torch.exp(u[start : start + n])))
-                start += n
-            state = act(spec, GroupElement(tuple(element)), state)
-    return state
+    u = _newton(_Objective(spec, params, groups)) if groups else None
+    if u is None:
+        return state, GroupElement(())
+    element, start = [], 0
+    for i in groups:
+        n = spec.groups[i].size
+        element.append((i, torch.exp(u[start : start + n])))
+        start += n
+    return state, GroupElement(tuple(element))
 
 
 def _diagonal(group) -> bool:
