@@ -193,7 +193,7 @@ def test_adaptive_metric_and_gradient():
 
 
 def test_invariant_sylvester_equation_as_derived():
-    """X = Lambda^T solves A X + X A = B (GEOMETRY.md), not the paper's A L + L A^T = B."""
+    """X = Lambda^T solves A X + X A = B (docs/geometry.md), not the paper's A L + L A^T = B."""
     block = rand_block(3, batch=(4,))
     xi = rand_tangent(block, 3)
     G, H = block
