@@ -41,7 +41,7 @@ from wsym.errors import SymmetryWarning
 from wsym.group.kinds import kind_of
 from wsym.group.memo import derived
 from wsym.quotient import Quotient
-from wsym.sharpness.vertical import exponent_entries, exponent_matrix
+from wsym.sharpness.exponents import exponent_entries, exponent_matrix
 from wsym.spec import SymmetrySpec
 
 NEWTON_TOL = 1e-13

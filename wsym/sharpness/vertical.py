@@ -37,237 +37,19 @@ conjugate-gradient iterates, and the projection, transform exactly with the grou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from wsym.geometry import Gram
-from wsym.group.kinds import kind_of
-from wsym.group.kinds.translation import translate
-from wsym.group.layout import map_blocks
-from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
+from wsym.sharpness.exponents import translation_directions
+from wsym.sharpness.structure import TangentLayout, structure
 
 TOL = 1e-11
 """Relative residual (in the preconditioned norm) at which the Gram solve stops."""
 MAX_ITER = 200
 
 Coefficients = list[Tensor]
-
-
-def _vertical_torus(spec: SymmetrySpec, params: dict[str, Tensor], skip: set[int]) -> list[int]:
-    """Scaling / norm_scaling groups that move parameters only, minus the block groups."""
-    buffers = set(spec.buffers)
-    out = []
-    for i, g in enumerate(spec.groups):
-        kind = kind_of(g)
-        if i in skip or not (kind.diagonal and kind.continuous):
-            continue
-        if g.corrections or buffers & set(g.params):
-            continue  # BatchNorm: the running statistics move too
-        if any(p in params for p in g.params):
-            out.append(i)
-    return out
-
-
-def exponent_matrix(
-    spec: SymmetrySpec, groups: list[int], names: list[str], params: dict[str, Tensor]
-) -> Tensor:
-    """Sparse ``E`` ``(entries, units)``: the exponent of each unit on each parameter entry.
-
-    Rows follow the flat concatenation of ``names``; columns the units of ``groups``
-    in turn. ``theta * (E @ a)`` is the generator of the scalings ``s = exp(a)``.
-    """
-    rows, cols, vals = exponent_entries(spec, groups, names, params)
-    shape = (sum(params[n].numel() for n in names), sum(spec.groups[i].size for i in groups))
-    index = torch.stack([rows, cols])
-    return torch.sparse_coo_tensor(index, vals, shape, check_invariants=False).coalesce()
-
-
-def exponent_entries(
-    spec: SymmetrySpec, groups: list[int], names: list[str], params: dict[str, Tensor]
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(rows, cols, exponents)`` of :func:`exponent_matrix`, not coalesced."""
-    offsets, start = {}, 0
-    for n in names:
-        offsets[n] = start
-        start += params[n].numel()
-    rows, cols, vals = [], [], []
-    col = 0
-    for i in groups:
-        g = spec.groups[i]
-        exps = dict(g.exponents)
-        for p in g.params:
-            if p not in offsets:
-                continue
-            ids = torch.arange(params[p].numel(), dtype=torch.float64).reshape(params[p].shape)
-
-            def grab(block, lv, p=p, g=g, exps=exps, col=col):
-                for ax, leaf in enumerate(lv):
-                    e = exps.get(leaf.var, 0)
-                    if leaf.cls != g.cls or not e:
-                        continue
-                    shape = [1] * block.ndim
-                    shape[ax] = -1
-                    units = torch.arange(leaf.size).reshape(shape).expand(block.shape)
-                    rows.append(block.reshape(-1).long() + offsets[p])
-                    cols.append(units.reshape(-1) + col)
-                    vals.append(torch.full((block.numel(),), float(e), dtype=torch.float64))
-                return block
-
-            map_blocks(spec, p, ids, grab)
-        col += g.size
-    if not rows:
-        empty = torch.zeros(0, dtype=torch.long)
-        return empty, empty, torch.zeros(0, dtype=torch.float64)
-    return torch.cat(rows), torch.cat(cols), torch.cat(vals)
-
-
-def translation_directions(
-    spec: SymmetrySpec, names: list[str], params: dict[str, Tensor]
-) -> tuple[Tensor, Tensor]:
-    """``(full, uniform)``: 0/1 mask of full-translation entries, directions ``(entries, k)``."""
-    offsets, start = {}, 0
-    for n in names:
-        offsets[n] = start
-        start += params[n].numel()
-    full = torch.zeros(start, dtype=torch.float64)
-    uniform = []
-    for g in spec.groups:
-        if not kind_of(g).additive or g.target[0] not in offsets:
-            continue
-        key, _, mode = g.target
-        t = params[key].detach().double()
-        ones = torch.ones((), dtype=torch.float64) if mode == "uniform" else torch.ones_like(t)
-        moved = translate(g, ones, torch.zeros_like(t), list(spec.layout[key]))
-        sl = slice(offsets[key], offsets[key] + t.numel())
-        if mode == "uniform":
-            d = torch.zeros(start, dtype=torch.float64)
-            d[sl] = moved.reshape(-1)
-            uniform.append(d)
-        else:
-            full[sl] = torch.maximum(full[sl], (moved != 0).double().reshape(-1))
-    return full, (torch.stack(uniform, 1) if uniform else full.new_zeros(start, 0))
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """A flat tangent layout for the linear maps: all entries, or CG's reduced set.
-
-    ``slots`` leading plain entries with metric weights ``slot_inv``; per stack its
-    ``(G, H)`` slices (None: not in the layout); the scaling gather ``sup``/``idx``/``val``
-    and the translation directions ``D`` restricted to the layout's entries.
-    """
-
-    n: int
-    slots: int
-    slot_inv: Tensor
-    views: list
-    sup: Tensor
-    idx: Tensor
-    val: Tensor
-    D: Tensor
-
-
-class _Structure:
-    """What a :class:`Horizontal` needs that depends on names and shapes only (memoized).
-
-    The scaling generators as a gather: tangent entry ``support[j]`` carries up to ``K``
-    units ``idx[:, j]`` (``n_units`` marks an empty slot) with exponents ``exps[:, j]``;
-    ``param_of[j]`` is its index among the parameters. ``cg_units`` / ``cg_stacks``: the
-    coefficients coupled to others (solved by CG); the rest are solved exactly.
-    """
-
-    def __init__(self, geom, spec: SymmetrySpec):
-        q, params, names = geom.quotient, geom.params, geom.names
-        self.shapes = [t.shape for t in geom.coordinates()]
-        self.sizes = [s.numel() for s in self.shapes]
-        n = sum(self.sizes)
-        total = sum(params[k].numel() for k in names)
-        # each parameter entry's position in the flat tangent layout (a partition)
-        numbers = torch.arange(1, total + 1, dtype=torch.float64)
-        placed = torch.cat([x.reshape(-1) for x in geom.to_tangent(numbers)]) if n else numbers
-        self.pos = torch.zeros(total, dtype=torch.long)
-        hit = placed.nonzero().squeeze(1)
-        self.pos[placed[hit].round().long() - 1] = hit
-        k = len(geom.slots)
-        self.slots = sum(self.sizes[:k])
-        offsets = torch.tensor([0, *self.sizes]).cumsum(0).tolist()
-        self.views = [
-            (
-                slice(offsets[k + 2 * s], offsets[k + 2 * s + 1]),
-                slice(offsets[k + 2 * s + 1], offsets[k + 2 * s + 2]),
-            )
-            for s in range(len(q.stacks))
-        ]
-        self.groups = _vertical_torus(spec, params, {i for i, _ in q.blocks})
-        rows, cols, exps = exponent_entries(spec, self.groups, names, params)
-        self.n_units = sum(spec.groups[i].size for i in self.groups)
-        t = self.pos[rows]
-        order = torch.argsort(t, stable=True)
-        t, cols, exps, rows = t[order], cols[order], exps[order], rows[order]
-        self.support, run, counts = torch.unique_consecutive(
-            t, return_inverse=True, return_counts=True
-        )
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(len(t)) - starts[run]
-        width = int(counts.max()) if len(counts) else 0
-        self.idx = torch.full((width, len(self.support)), self.n_units, dtype=torch.long)
-        self.exps = torch.zeros((width, len(self.support)), dtype=torch.float64)
-        self.idx[rank, run], self.exps[rank, run] = cols, exps
-        self.param_of = rows[starts] if len(t) else rows
-        unit_group = torch.repeat_interleave(
-            torch.arange(len(self.groups)),
-            torch.tensor([spec.groups[i].size for i in self.groups], dtype=torch.long),
-        )
-        self.cg_units, self.cg_stacks = self._coupled(unit_group, n, len(q.stacks))
-
-    def _coupled(self, unit_group: Tensor, n: int, n_s: int) -> tuple[Tensor, list]:
-        """Connected components of "shares a tangent entry or a block" among the generators.
-
-        The Gram matrix is block-diagonal over them; a stack alone, or a scaling group
-        alone whose units touch disjoint plain entries, is solved exactly by its
-        preconditioner, the others by CG.
-        """
-        n_e = len(self.groups)
-        parent = list(range(n_e + n_s))
-
-        def find(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        stack_of = torch.full((n,), -1, dtype=torch.long)
-        for s_, (g, h) in enumerate(self.views):
-            stack_of[g], stack_of[h] = s_, s_
-        grp = torch.cat([unit_group, torch.tensor([-1])])[self.idx]  # (K, support); -1: empty
-        where = stack_of[self.support]
-        pairs, inner = [], set()
-        for j in range(len(grp)):
-            hit = (where >= 0) & (grp[j] >= 0)
-            pairs.append(torch.stack([grp[j][hit], n_e + where[hit]], 1))
-            if j:
-                both = (grp[0] >= 0) & (grp[j] >= 0)
-                pairs.append(torch.stack([grp[0][both], grp[j][both]], 1))
-                inner |= set(grp[0][both & (grp[0] == grp[j])].tolist())
-        if pairs:
-            for a, b in torch.cat(pairs).unique(dim=0).tolist():
-                ra, rb = find(a), find(b)
-                if ra != rb:
-                    parent[ra] = rb
-        roots = [find(i) for i in range(len(parent))]
-        size = {r: roots.count(r) for r in set(roots)}
-        cg = [size[roots[i]] > 1 or i in inner for i in range(len(parent))]
-        groups = torch.tensor(cg[:n_e], dtype=torch.bool)
-        units = groups[unit_group] if n_e else torch.zeros(0, dtype=torch.bool)
-        return units, cg[n_e:]
-
-
-def _structure(geom, spec: SymmetrySpec) -> _Structure:
-    key = ("horizontal", tuple((n, tuple(geom.params[n].shape)) for n in geom.names))
-    return derived(spec, key, lambda: _Structure(geom, spec))
 
 
 class Horizontal:
@@ -291,7 +73,7 @@ class Horizontal:
     def __init__(self, geom, spec: SymmetrySpec):
         self.geom = geom
         q, params, names = geom.quotient, geom.params, geom.names
-        st = _structure(geom, spec)
+        st = structure(geom, spec)
         self.shapes, self.sizes, self._views, self._slots = st.shapes, st.sizes, st.views, st.slots
         self.groups, self.n_units = st.groups, st.n_units
         self._idx, self._support = st.idx, st.support
@@ -329,18 +111,18 @@ class Horizontal:
     def _unflat(self, v: Tensor) -> list[Tensor]:
         return [x.view(s) for x, s in zip(v.split(self.sizes), self.shapes, strict=True)]
 
-    def _views_of(self, v: Tensor, lay: _Layout, s: int) -> tuple[Tensor, Tensor]:
+    def _views_of(self, v: Tensor, lay: TangentLayout, s: int) -> tuple[Tensor, Tensor]:
         g, h = lay.views[s]
         G, H = self.stacks[s]
         return v[g].view(G.shape), v[h].view(H.shape)
 
-    def _full(self) -> _Layout:
-        return _Layout(
+    def _full(self) -> TangentLayout:
+        return TangentLayout(
             sum(self.sizes), self._slots, self.geom._inv, self._views,
             self._support, self._idx, self._val, self.D,
         )  # fmt: skip
 
-    def _reduced(self) -> _Layout:
+    def _reduced(self) -> TangentLayout:
         """The tangent entries the coupled generators touch (where CG iterates)."""
         units, _, stacks = self._cg
         ext = torch.cat([units, torch.tensor([False])])
@@ -361,13 +143,13 @@ class Horizontal:
             for s, (g, h) in enumerate(self._views)
         ]
         sup = torch.searchsorted(R, self._support[cols])
-        return _Layout(
+        return TangentLayout(
             len(R), slots, self.geom._inv[R[:slots]], views,
             sup, self._idx[:, cols], self._val[:, cols], self.D[R],
         )  # fmt: skip
 
     # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
-    def lower(self, v: Tensor, lay: _Layout | None = None) -> Tensor:
+    def lower(self, v: Tensor, lay: TangentLayout | None = None) -> Tensor:
         """``M v``: the metric on a flat tangent vector (in layout ``lay``, default all)."""
         lay = lay or self._layout
         out = torch.empty_like(v)
@@ -386,7 +168,7 @@ class Horizontal:
                 oH.copy_(xH @ P.matrix)
         return out
 
-    def apply(self, c: Coefficients, lay: _Layout | None = None) -> Tensor:
+    def apply(self, c: Coefficients, lay: TangentLayout | None = None) -> Tensor:
         """``J c`` as a flat tangent vector (in layout ``lay``, default all)."""
         lay = lay or self._layout
         a, t, omegas = c[0], c[1], c[2:]
@@ -404,7 +186,7 @@ class Horizontal:
             vH.sub_(H @ omegas[s].mT)
         return v
 
-    def adjoint(self, y: Tensor, lay: _Layout | None = None) -> Coefficients:
+    def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:
         """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
         lay = lay or self._layout
         out = [self._unit_sums(lay.val * y[lay.sup], lay.idx), lay.D.T @ y]
@@ -423,7 +205,7 @@ class Horizontal:
         out.index_add_(0, idx.reshape(-1), values.reshape(-1))
         return out[: self.n_units]
 
-    def gram(self, c: Coefficients, lay: _Layout | None = None) -> Coefficients:
+    def gram(self, c: Coefficients, lay: TangentLayout | None = None) -> Coefficients:
         """``J^T M J c`` (in layout ``lay``, default all)."""
         return self.adjoint(self.lower(self.apply(c, lay), lay), lay)
 
