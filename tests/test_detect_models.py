@@ -93,9 +93,9 @@ def test_timm_models_named_in_the_issue(name, size):
     assert independent_deviation(model, x, spec) < 1e-11
 
 
-def test_mixtral_without_float64_kernel_is_verified_in_float32():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.MixtralConfig(
+def _mixtral_config(transformers):
+    """A one-layer Mixtral with two experts."""
+    return transformers.MixtralConfig(
         hidden_size=16,
         num_hidden_layers=1,
         num_attention_heads=2,
@@ -105,6 +105,11 @@ def test_mixtral_without_float64_kernel_is_verified_in_float32():
         num_local_experts=2,
         max_position_embeddings=16,
     )
+
+
+def test_mixtral_without_float64_kernel_is_verified_in_float32():
+    transformers = pytest.importorskip("transformers")
+    cfg = _mixtral_config(transformers)
     torch.manual_seed(0)
     model = transformers.MixtralModel(cfg).eval()
     ids = torch.randint(0, 32, (1, 6))
@@ -126,16 +131,7 @@ def test_mixtral_without_float64_kernel_is_verified_in_float32():
 def test_mixtral_with_eager_experts_fails_in_one_line(capfd):
     """Data-dependent expert dispatch: neither tracer can follow it; one line says why."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.MixtralConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=16,
-        vocab_size=32,
-        num_local_experts=2,
-        max_position_embeddings=16,
-    )
+    cfg = _mixtral_config(transformers)
     cfg._experts_implementation = "eager"
     model = transformers.MixtralModel(cfg).eval()
     try:
