@@ -51,9 +51,9 @@ import torch
 from torch import nn
 
 import wsym
-from wsym.quotient import Quotient
 from wsym.reference import TinyTransformer
 from wsym.sharpness import vertical
+from wsym.sharpness.quotient import Quotient
 
 MEASURES = ("adaptive", "geodesic-mix", "geodesic-inv")
 GOAL = 1.5

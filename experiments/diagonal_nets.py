@@ -42,8 +42,8 @@ from scipy.stats import kendalltau
 
 import wsym
 from wsym.geometry import Pair
-from wsym.perturbation import Geodesic
 from wsym.sharpness import average_case, worst_case
+from wsym.sharpness.perturbation import Geodesic
 
 PAPER = {"adaptive": -0.68, "geodesic-inv": -0.83, "geodesic-mix": -0.86}
 MEASURES = tuple(PAPER)

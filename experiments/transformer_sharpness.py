@@ -45,7 +45,7 @@ from scipy.stats import kendalltau
 
 import wsym
 import wsym.zoo
-from wsym.quotient import Quotient
+from wsym.sharpness.quotient import Quotient
 
 PAPER = {
     "adaptive": {"vit": -0.41, "bert": 0.06},

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 import wsym
 from wsym import quotient
 from wsym.geometry import Pair, geodesic_step, geodesic_step_vjp
-from wsym.perturbation import Geodesic
 from wsym.reference import TinyTransformer
 from wsym.sharpness import worst_case
+from wsym.sharpness.perturbation import Geodesic
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,18 +1,18 @@
 """The one block reader: gather/scatter against the readers it replaces (float64).
 
 ``wsym.group.layout.gather`` equals ``wsym.units.block_matrices``' old reading and
-``wsym.blocks.gather_group`` (GL and GL(1) scaling blocks: same shapes, same
-order), ``scatter`` equals ``wsym.blocks.scatter_group``, is the inverse of
+``wsym.sharpness.blocks.gather_group`` (GL and GL(1) scaling blocks: same shapes, same
+order), ``scatter`` equals ``wsym.sharpness.blocks.scatter_group``, is the inverse of
 gathering on the entries read and its adjoint.
 """
 
 import pytest
 import torch
 
-from wsym.blocks import gather_group, scatter_group
 from wsym.geometry import Pair
 from wsym.group.kinds import kind_of
 from wsym.group.layout import gather, scatter
+from wsym.sharpness.blocks import gather_group, scatter_group
 
 NAMES = [
     "mlp-relu",

@@ -16,10 +16,10 @@ from wsym.act import sample
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.geometry import horizontal
 from wsym.group.generators import continuous_groups
-from wsym.perturbation import Geodesic
 from wsym.reference import MLP
 from wsym.sharpness import Estimate, sharpness
 from wsym.sharpness.gauge import balanced, gauged_groups
+from wsym.sharpness.perturbation import Geodesic
 
 TOL = 1e-6
 

@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-from wsym import quotient, units
+from wsym import units
 from wsym.act import sample
 from wsym.errors import SymmetryWarning, WsymInputError
-from wsym.sharpness import sharpness
+from wsym.sharpness import quotient, sharpness
 
 RATIO = 1e-3
 
@@ -301,7 +301,7 @@ def test_diagonal_geodesic_invariant(measure):
 
 def _geodesic(detected, name: str, metric: str):
     """The float64 parameters of a detected case and their :class:`Geodesic` geometry."""
-    from wsym.perturbation import Geodesic
+    from wsym.sharpness.perturbation import Geodesic
 
     model, _, spec = detected(name)
     params = {n: p.detach().double() for n, p in model.named_parameters()}

@@ -71,7 +71,7 @@ from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.group.kinds import kind_of
 from wsym.optim.balance import balancing
 from wsym.optim.base import SharpnessAware
-from wsym.perturbation import Adaptive, Geodesic, Perturbation
+from wsym.sharpness.perturbation import Adaptive, Geodesic, Perturbation
 from wsym.spec import SymmetrySpec
 
 GEO_METRICS = ("invariant", "mixed")

@@ -30,7 +30,7 @@ measure               perturbation                   invariant to (group kinds)
 ====================  =============================  ==========================================
 
 Geodesic measures (``docs/geometry.md``): the quotient by the *whole* continuous group.
-GL, orthogonal and GL(1) blocks (:mod:`wsym.quotient`) use the invariant (``-inv``) or
+GL, orthogonal and GL(1) blocks (:mod:`wsym.sharpness.quotient`) use the invariant (``-inv``) or
 mixed (``-mix``) metric and the second-order geodesic step, every other entry the
 elementwise adaptive metric and a straight step; the tangent is projected on the
 horizontal space of every continuous group, overlapping or not
@@ -62,8 +62,8 @@ from torch import Tensor, nn
 from wsym.curvature.objective import as_double, batch_size, call
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.graph.trace import eval_mode
-from wsym.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
 from wsym.sharpness.gauge import balanced
+from wsym.sharpness.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
 from wsym.spec import SymmetrySpec
 
 MEASURES = (

@@ -40,8 +40,8 @@ from wsym.canon import canonical_element
 from wsym.errors import SymmetryWarning
 from wsym.group.kinds import kind_of
 from wsym.group.memo import derived
-from wsym.quotient import Quotient
 from wsym.sharpness.exponents import exponent_entries, exponent_matrix
+from wsym.sharpness.quotient import Quotient
 from wsym.spec import SymmetrySpec
 
 NEWTON_TOL = 1e-13

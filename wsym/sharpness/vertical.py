@@ -14,7 +14,7 @@ solved matrix-free by preconditioned conjugate gradients (the Gram matrix
 :math:`J^\top M J` is never formed, nor any :math:`P \times P` matrix). The groups and
 their generators (``docs/geometry.md``):
 
-* a GL, orthogonal or GL(1) block ``(G, H)`` of :class:`wsym.quotient.Quotient`:
+* a GL, orthogonal or GL(1) block ``(G, H)`` of :class:`wsym.sharpness.quotient.Quotient`:
   :math:`J\Omega = (G\Omega, -H\Omega^\top)` (:math:`x \mapsto x M` on the rows of
   ``G``, :math:`x \mapsto x M^{-\top}` on those of ``H``, :math:`M = e^{t\Omega}`;
   :math:`\Omega` skew-symmetric for orthogonal groups), one coefficient matrix per block;

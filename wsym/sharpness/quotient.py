@@ -1,0 +1,242 @@
+"""From a SymmetrySpec and a parameter dict to batched GL blocks, and back.
+
+The quotient geometry of :mod:`wsym.geometry` works on GL blocks ``(G, H)``,
+batched over heads. :func:`gather` reads them from a parameter dict, one
+:class:`~wsym.geometry.Pair` per ``gl`` group (``G`` the stack of the group's
+parity-0 rows, ``H`` of its parity-1 rows, exactly as
+:func:`wsym.units.block_matrices`) and one per ``scaling`` group used as a
+``GL(1)`` block (below); :func:`scatter` is its adjoint and inverse:
+it writes a pair of tangents ``(xi_G, xi_H)`` back into parameter-shaped
+tensors (zero outside the group's blocks). Both traverse the same leaf-level
+blocks (:func:`wsym.act.transform`) in the same order, so
+``scatter(gather(params))`` reproduces every covered entry exactly.
+
+Scaling groups as ``GL(1)`` blocks: a ``scaling`` group whose exponents are all
+``+1`` / ``-1`` (both present) is a block batched over its units: per unit,
+``G`` is the column of the entries with exponent ``+1`` and ``H`` of those with
+exponent ``-1`` (``(n_units, rows, 1)``), so ``s`` acts as ``G s, H / s``, the
+``GL(1)`` action. It is used only if the group's entries are disjoint from the
+chosen GL blocks and from every other continuous group's entries (``scaling``,
+``norm_scaling``, ``gl``, ``orthogonal``; e.g. two ReLU layers sharing a weight
+matrix), and if every entry it rescales is in its block; otherwise it stays
+elementwise.
+
+Coverage: entries outside every block are measured with the elementwise
+adaptive metric ``||xi / |w| ||`` (:func:`wsym.geometry.adaptive_inner`), which
+is exactly invariant to scaling, sign and norm-scaling groups (elementwise
+rescalings) and to permutations, but not to orthogonal groups or translations.
+``orthogonal`` groups are left elementwise too. A GL group whose entries overlap
+an earlier group's, or that lacks one of the two parities, is left out
+(elementwise).
+
+Shapes:
+    ``gather``: ``{name: (*shape)}`` -> list of ``(group index, Pair)`` with
+    ``G (*index, n, h)``, ``H (*index, m, h)`` (GL(1): ``(n_units, n, 1)``).
+
+Example:
+    >>> import torch, wsym
+    >>> from wsym.reference import MLP
+    >>> model = MLP(4, [3], 2, "identity").double()
+    >>> spec = wsym.detect(model, torch.randn(2, 4, dtype=torch.float64))
+    >>> params = dict(model.named_parameters())
+    >>> blocks = gather(spec, params)
+    >>> [tuple(b.G.shape[-1:]) for _, b in blocks]
+    [(3,)]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from wsym.geometry import Pair
+from wsym.group.kinds import kind_of
+from wsym.sharpness.blocks import block_groups, gather, gl_groups, scatter
+from wsym.spec import SymmetrySpec
+
+__all__ = ["Quotient", "block_groups", "gather", "gl_groups", "scatter"]
+
+
+class Quotient:
+    """GL and GL(1) blocks of a parameter dict and the mask of the entries they cover.
+
+    Blocks with the same leading dims and ``h`` are also held as one *stack*
+    (:attr:`stacks`: a :class:`~wsym.geometry.Pair` with one more leading dim, rows
+    zero-padded to the longest factor of the stack), so that the geometry runs once
+    per stack rather than once per block: every function of :mod:`wsym.geometry`
+    treats leading dims as independent blocks, and zero rows (of the block and of
+    every tangent built from gradients, metrics and Christoffel terms) stay zero and
+    change no Gram matrix. Only a draw that mixes rows must be masked (:attr:`rows`).
+
+    Attributes:
+        spec: the symmetry spec.
+        params: ``{name: tensor}`` the blocks were read from.
+        blocks: ``[(group index, Pair(G, H))]``.
+        members: per stack, the positions in :attr:`blocks` of its blocks.
+        orthogonal: per stack, whether its blocks are orthogonal groups (kept apart from
+            GL blocks: their vertical directions are the skew-symmetric ones).
+        stacks: per stack, ``Pair(G (k, *index, r, h), H (k, *index, r, h))``.
+        rows: per stack, ``Pair`` of 0/1 row masks ``(k, *index, r, 1)`` (None: no padding).
+        covered: ``{name: bool tensor}``, True on entries inside some GL or GL(1) block.
+        touched: the names of the parameters some block covers (in part), in the flat
+            order of :meth:`scatter_flat` and :meth:`split_touched`.
+
+    Example:
+        >>> import torch, wsym
+        >>> from wsym.reference import TinyTransformer
+        >>> model = TinyTransformer(depth=2).double()
+        >>> spec = wsym.detect(model, torch.randn(2, 10, 4, dtype=torch.float64))
+        >>> q = Quotient(spec, {n: p.detach() for n, p in model.named_parameters()})
+        >>> len(q.blocks), [tuple(s.G.shape) for s in q.stacks]
+        (5, [(4, 4, 33, 8), (1, 32, 10, 1)])
+    """
+
+    def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):
+        self.spec, self.params = spec, params
+        self.blocks = gather(spec, params)
+        by_shape: dict[tuple, list[int]] = {}
+        for j, (i, b) in enumerate(self.blocks):
+            orthogonal = kind_of(spec.groups[i]).self_dual
+            by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1], orthogonal), []).append(j)
+        self.members = list(by_shape.values())
+        self.orthogonal = [key[2] for key in by_shape]
+        self.stacks = [self._stack([self.blocks[j][1] for j in js]) for js in self.members]
+        self.rows = [
+            None
+            if all(M.shape[-2] == s.G.shape[-2] for j in js for M in self.blocks[j][1])
+            else self._stack(
+                [Pair(*(torch.ones_like(M[..., :1]) for M in self.blocks[j][1])) for j in js],
+                s.G.shape[-2],
+            )
+            for js, s in zip(self.members, self.stacks, strict=True)
+        ]
+        # number every stacked entry (1, 2, ... in flattened G, H order, padding included)
+        # and scatter the numbers of the blocks' own entries once: afterwards gathering
+        # and scattering are one indexing each
+        codes: list = [None] * len(self.blocks)
+        offset = 1
+        for i, stack in enumerate(self.stacks):
+            parts = []
+            for M in stack:
+                parts.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
+                offset += M.numel()
+            numbered = Pair(parts[0].reshape(stack.G.shape), parts[1].reshape(stack.H.shape))
+            for j, pair in self._unstack(i, numbered):
+                codes[j] = (self.blocks[j][0], pair)
+        like = {p: torch.zeros(t.shape, dtype=torch.float64) for p, t in params.items()}
+        placed = scatter(spec, codes, like)
+        self.covered = {p: (t != 0).to(params[p].device) for p, t in placed.items()}
+        self._total = offset - 1
+        # the parameters a block touches, concatenated flat ("touched" order): for each
+        # stacked entry the position of its value there (padding: one zero slot after the
+        # end), and for each touched entry the position of its stacked value (entries no
+        # block covers: a zero slot after the stacks), so that gathering and scattering
+        # are one index_select each
+        self.touched = [p for p, t in placed.items() if bool((t != 0).any())]
+        self._shapes = [params[p].shape for p in self.touched]
+        self._sizes = [params[p].numel() for p in self.touched]
+        codes_flat = torch.cat(
+            [torch.zeros(0, dtype=torch.float64)] + [placed[p].reshape(-1) for p in self.touched]
+        )
+        device = next(iter(params.values())).device if params else None
+        where = codes_flat.nonzero().squeeze(1)
+        gather_index = torch.full((self._total,), len(codes_flat), dtype=torch.long)
+        gather_index[codes_flat[where].long() - 1] = where
+        scatter_index = torch.full((len(codes_flat),), self._total, dtype=torch.long)
+        scatter_index[where] = codes_flat[where].long() - 1
+        self._gather_index, self._scatter_index = gather_index.to(device), scatter_index.to(device)
+
+    @staticmethod
+    def _stack(pairs: list, rows: int | None = None) -> Pair:
+        """Pairs stacked on a new first dim, their rows zero-padded to ``rows`` (the longest)."""
+        if rows is None:
+            rows = max(M.shape[-2] for p in pairs for M in p)
+        return Pair(
+            *(
+                torch.stack(
+                    [torch.nn.functional.pad(p[k], (0, 0, 0, rows - p[k].shape[-2])) for p in pairs]
+                )
+                for k in (0, 1)
+            )
+        )
+
+    def _unstack(self, i: int, stacked: Pair) -> list[tuple[int, Pair]]:
+        """``(position in blocks, pair)`` of each member of stack ``i``, padding cut off."""
+        out = []
+        for k, j in enumerate(self.members[i]):
+            b = self.blocks[j][1]
+            out.append(
+                (
+                    j,
+                    Pair(
+                        stacked.G[k][..., : b.G.shape[-2], :], stacked.H[k][..., : b.H.shape[-2], :]
+                    ),
+                )
+            )
+        return out
+
+    def gather_stacks(self, tensors: dict[str, Tensor]) -> list[Pair]:
+        """One stacked pair per stack read from parameter-shaped ``tensors``.
+
+        The adjoint of :meth:`scatter_stacks`: ``gather_stacks(params)`` returns the
+        stacks themselves; for a gradient with respect to the parameters it returns
+        the gradient with respect to the stacked blocks (zero on padding rows).
+        """
+        if not self.stacks:
+            return []
+        like = tensors[self.touched[0]]
+        zero = torch.zeros(1, dtype=like.dtype, device=like.device)
+        flat = torch.cat([*(tensors[p].reshape(-1) for p in self.touched), zero])
+        return self._split_stacks(flat.index_select(0, self._gather_index))
+
+    def _split_stacks(self, values: Tensor) -> list[Pair]:
+        out, parts = [], values.split([M.numel() for s in self.stacks for M in s])
+        for i, s in enumerate(self.stacks):
+            out.append(Pair(parts[2 * i].view(s.G.shape), parts[2 * i + 1].view(s.H.shape)))
+        return out
+
+    def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
+        """One pair per block (in :attr:`blocks` order), as :meth:`gather_stacks`."""
+        out: list = [None] * len(self.blocks)
+        for i, stacked in enumerate(self.gather_stacks(tensors)):
+            for j, pair in self._unstack(i, stacked):
+                out[j] = pair
+        return out
+
+    def scatter_stacks(self, tangents: list[Pair]) -> dict[str, Tensor]:
+        """Write one stacked pair per stack into parameter-shaped tensors (padding dropped).
+
+        Zero outside the blocks; differentiable in ``tangents``.
+        """
+        if len(tangents) != len(self.stacks):
+            raise ValueError(f"expected {len(self.stacks)} stacked pairs, got {len(tangents)}")
+        dtype = tangents[0].G.dtype if tangents else None
+        out = {p: torch.zeros_like(t, dtype=dtype) for p, t in self.params.items()}
+        if tangents:
+            out.update(self.split_touched(self.scatter_flat(tangents)))
+        return out
+
+    def scatter_flat(self, tangents: list[Pair]) -> Tensor:
+        """Stacked pairs written into the touched parameters, concatenated flat.
+
+        The layout of :meth:`split_touched`; zero on entries no block covers.
+        """
+        like = tangents[0].G
+        zero = torch.zeros(1, dtype=like.dtype, device=like.device)
+        values = torch.cat([*(M.reshape(-1) for t in tangents for M in t), zero])
+        return values.index_select(0, self._scatter_index)
+
+    def split_touched(self, flat: Tensor) -> dict[str, Tensor]:
+        """``{name: view}`` of a flat vector over the touched parameters (:attr:`touched`)."""
+        parts = flat.split(self._sizes)
+        return {p: x.view(s) for p, x, s in zip(self.touched, parts, self._shapes, strict=True)}
+
+    def scatter(self, tangents: list[Pair]) -> dict[str, Tensor]:
+        """Write one pair per block (in :attr:`blocks` order), as :meth:`scatter_stacks`."""
+        if len(tangents) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
+        stacked = [
+            self._stack([tangents[j] for j in js], s.G.shape[-2])
+            for js, s in zip(self.members, self.stacks, strict=True)
+        ]
+        return self.scatter_stacks(stacked)
