@@ -42,6 +42,7 @@ from wsym.group.kinds import kind_of
 from wsym.group.memo import derived
 from wsym.sharpness.exponents import exponent_entries, exponent_matrix
 from wsym.sharpness.quotient import Quotient
+from wsym.sharpness.structure import components
 from wsym.spec import SymmetrySpec
 
 NEWTON_TOL = 1e-13
@@ -124,20 +125,14 @@ def _gauged(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, ...]:
     start = torch.tensor([0] + [spec.groups[i].size for i in diagonal]).cumsum(0)
     group = torch.searchsorted(start, cols, right=True) - 1  # position in ``diagonal``
     covered = torch.cat([q.covered[n].reshape(-1) for n in names])
-    chosen = set(group[covered[rows]].unique().tolist())
-    # close under sharing entries: groups meeting on one entry
+    seeds = set(group[covered[rows]].unique().tolist())
+    # close under sharing entries: the components of "groups meeting on one entry"
     order = torch.argsort(rows, stable=True)
     r, g = rows[order], group[order]
     same = r[1:] == r[:-1]
-    links = torch.stack([g[:-1][same], g[1:][same]], 1).unique(dim=0).tolist()
-    grown = True
-    while grown:
-        grown = False
-        for a, b in links:
-            if (a in chosen) != (b in chosen):
-                chosen |= {a, b}
-                grown = True
-    return tuple(sorted(diagonal[j] for j in chosen))
+    roots = components(len(diagonal), torch.stack([g[:-1][same], g[1:][same]], 1))
+    reached = {roots[j] for j in seeds}
+    return tuple(diagonal[j] for j in range(len(diagonal)) if roots[j] in reached)
 
 
 class _Objective:

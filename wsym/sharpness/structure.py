@@ -20,6 +20,26 @@ from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.exponents import exponent_entries, vertical_torus
 
 
+def components(n: int, pairs: Tensor) -> list[int]:
+    """Connected components of the graph on ``range(n)`` with edges ``pairs`` ``(k, 2)``.
+
+    Returns one representative per node (equal for nodes of one component).
+    """
+    parent = list(range(n))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in pairs.long().unique(dim=0).tolist() if len(pairs) else []:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+    return [find(i) for i in range(n)]
+
+
 @dataclass(frozen=True)
 class TangentLayout:
     """A flat tangent layout for the linear maps: all entries, or CG's reduced set.
@@ -100,14 +120,6 @@ class Structure:
         preconditioner, the others by CG.
         """
         n_e = len(self.groups)
-        parent = list(range(n_e + n_s))
-
-        def find(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
         stack_of = torch.full((n,), -1, dtype=torch.long)
         for s_, (g, h) in enumerate(self.views):
             stack_of[g], stack_of[h] = s_, s_
@@ -121,14 +133,9 @@ class Structure:
                 both = (grp[0] >= 0) & (grp[j] >= 0)
                 pairs.append(torch.stack([grp[0][both], grp[j][both]], 1))
                 inner |= set(grp[0][both & (grp[0] == grp[j])].tolist())
-        if pairs:
-            for a, b in torch.cat(pairs).unique(dim=0).tolist():
-                ra, rb = find(a), find(b)
-                if ra != rb:
-                    parent[ra] = rb
-        roots = [find(i) for i in range(len(parent))]
+        roots = components(n_e + n_s, torch.cat(pairs) if pairs else torch.zeros(0, 2))
         size = {r: roots.count(r) for r in set(roots)}
-        cg = [size[roots[i]] > 1 or i in inner for i in range(len(parent))]
+        cg = [size[roots[i]] > 1 or i in inner for i in range(len(roots))]
         groups = torch.tensor(cg[:n_e], dtype=torch.bool)
         units = groups[unit_group] if n_e else torch.zeros(0, dtype=torch.bool)
         return units, cg[n_e:]
