@@ -282,7 +282,7 @@ CASES = [
     # whole groups permute (S_3) and channels within a group (S_2); the 1x1 conv and the
     # linear layer after the flatten form a GL pair
     Case(
-        "group-norm", _group_norm_net, lambda: torch.randn(2, 2, 5, 5), {"permutation": 2, "gl": 1}
+        "group-norm", _group_norm_net, lambda: torch.randn(2, 2, 5, 5), {"permutation": 3, "gl": 1}
     ),
     Case("radial", Radial, lambda: torch.randn(3, 4), {"orthogonal": 1}),
     Case("rmsnorm-residual", RMSResidual, lambda: torch.randn(3, 3), {"orthogonal": 1}),

@@ -8,7 +8,7 @@ import torch
 
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context
-from wsym.detect.rules import RULES
+from wsym.detect.rules import MASKS, RULES
 from wsym.detect.rules.rotary import find_rotary, parameter_free, rotary
 from wsym.graph.trace import Traced
 
@@ -122,7 +122,7 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
     rule = RULES.get(name)
     if rule is None and name.endswith("_") and not _writes_into_input(node):
         rule = RULES.get(name[:-1])  # relu_(x) read as relu(x); see graph.trace
-    if rule is None or not _is_float_op(node):
+    if rule is None or not (_is_float_op(node) or name in MASKS):
         reason = f"operation {name} is not understood" if rule is None else f"integer op {name}"
         if rule is None and not quiet and any(_is_float(s) for s in node.all_input_nodes):
             ctx.warn(f"{name} ({node.name}) is not understood; it blocks symmetries through it")

@@ -23,8 +23,28 @@ def dropout(ctx: Context, node) -> None:
 
 
 def constant(ctx: Context, node) -> None:
-    """Tensors created inside the graph (zeros, arange, ...): nothing acts on them."""
+    """Tensors created inside the graph (ones, arange, ...): nothing acts on them.
+
+    A tensor of zeros is the exception: every linear action maps it to itself, so
+    its axes are free (an RNN's initial state, ``maximum(x, zeros_like(x))``).
+    """
+    if is_zero(node):
+        ctx.layouts[node.name] = ctx.fresh(shape(node))
+        return
     ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
+
+
+ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
+FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
+
+
+def is_zero(node) -> bool:
+    """Whether ``node`` creates a tensor of zeros (``zeros``, ``full(..., 0)``, ...)."""
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    name = schema.name if schema is not None else ""
+    if name in ZEROS:
+        return True
+    return name in FILLS and len(node.args) > FILLS[name] and node.args[FILLS[name]] == 0
 
 
 def _groups(in_shape, out_shape):
@@ -296,6 +316,29 @@ def split(ctx, node, lay, in_shape):
     return outs
 
 
+def channel_shuffle(ctx: Context, node) -> None:
+    """channel_shuffle(x, g): channel ``(i, j)`` of ``(g, C / g)`` moves to ``(j, i)``.
+
+    The two factors permute separately (``S_g x S_{C/g}``, as the spelled-out
+    ``view``/``transpose``/``reshape``). Any permutation of the input channels is
+    in fact matched by a conjugated one of the output channels (``S_C``), which
+    a layout over shared atoms cannot express; it is left out.
+    """
+    x, g = node.args[0], int(node.args[1])
+    lx = ctx.layouts[x.name]
+    k = shape(x)[1] // g
+    factors = [[ctx.new(n)] if n > 1 else [] for n in (g, k)]
+    ctx.couple(lx[1], factors[0] + factors[1])
+    out = ctx.like(lx)
+    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
+        if i != 1:
+            ctx.couple(do, dx)
+    out[1] = ctx.like([factors[1] + factors[0]])[0]
+    ctx.couple(out[1][: len(factors[1])], factors[1])
+    ctx.couple(out[1][len(factors[1]) :], factors[0])
+    ctx.layouts[node.name] = out
+
+
 def copy(ctx: Context, node) -> None:
     """copy(dst, src): the values (and so the axes) of ``src``, in the shape of ``dst``."""
     src = node.args[1]
@@ -448,6 +491,8 @@ RULES.update(
         "aten::stack": stack,
         "aten::slice_scatter": slice_scatter,
         "aten::copy": copy,
+        "aten::channel_shuffle": channel_shuffle,
+        "aten::native_channel_shuffle": channel_shuffle,
         "_operator::getitem": getitem,
     }
 )
