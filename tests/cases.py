@@ -6,12 +6,15 @@ reported group is also checked numerically by the tests that use this registry.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten
 
 import wsym
 from wsym.reference import MLP, ResidualCNN, TinyTransformer
@@ -357,6 +360,32 @@ def fit_scaled_mlps(sds: list, y, **kwargs):
 
 
 # -- stock models for the invariant measures (random weights, float64, eval mode) --------
+
+
+def _flat_outputs(model, state, inputs):
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    with torch.no_grad():
+        out = functional_call(model, state, args, tie_weights=False)
+    return torch.cat([t.reshape(-1) for t in tree_flatten(out)[0] if torch.is_tensor(t)])
+
+
+def independent_deviation(model, x, spec, seeds=(0,), fresh_seed=5) -> float:
+    """Worst relative output change, independently of ``wsym.verify``.
+
+    Acts with ``spec.sample(seed, scale=(0.1, 10))`` and compares float64
+    outputs (every output tensor) on ``x``, on fresh inputs and on those x20.
+    """
+    m64 = copy.deepcopy(model).double().eval()
+    sd = m64.state_dict()
+    gen = torch.Generator().manual_seed(fresh_seed)
+    fresh = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    worst = 0.0
+    for seed in seeds:
+        moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10)), sd)
+        for xx in (x.double(), fresh, 20 * fresh):
+            y0, y1 = _flat_outputs(m64, sd, xx), _flat_outputs(m64, moved, xx)
+            worst = max(worst, float((y1 - y0).abs().max() / y0.abs().max()))
+    return worst
 
 
 def stock_output(o):

@@ -5,38 +5,17 @@ outputs on the example inputs, fresh inputs and fresh inputs scaled by 20 (the
 sweep in ``benchmarks/architectures.py`` does the same over ~130 models).
 """
 
-import copy
 import warnings
 
 import pytest
 import torch
+from cases import independent_deviation
 from torch.func import functional_call
-from torch.utils._pytree import tree_flatten
 
 import wsym
 from wsym.errors import SymmetryWarning
 
 torchvision = pytest.importorskip("torchvision")
-
-
-def outputs(model, state, x):
-    with torch.no_grad():
-        out = functional_call(model, state, (x,), tie_weights=False)
-    return torch.cat([t.reshape(-1) for t in tree_flatten(out)[0] if torch.is_tensor(t)])
-
-
-def independent_deviation(model, x, spec, seeds=(0,)) -> float:
-    m64 = copy.deepcopy(model).double().eval()
-    sd = m64.state_dict()
-    gen = torch.Generator().manual_seed(5)
-    fresh = torch.randn(x.shape, generator=gen, dtype=torch.float64)
-    worst = 0.0
-    for seed in seeds:
-        moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10)), sd)
-        for xx in (x.double(), fresh, 20 * fresh):
-            y0, y1 = outputs(m64, sd, xx), outputs(m64, moved, xx)
-            worst = max(worst, float((y1 - y0).abs().max() / y0.abs().max()))
-    return worst
 
 
 def detect(model, x):

@@ -155,7 +155,7 @@ def _joint(ctx: Context, node, values, sign: str) -> list:
 
 
 def extremum(ctx: Context, node) -> None:
-    """maximum / minimum / fmax / fmin (a, b): jointly positively homogeneous."""
+    """Maximum / minimum / fmax / fmin (a, b): jointly positively homogeneous."""
     ctx.layouts[node.name] = _joint(ctx, node, node.args[:2], sign="zero")
 
 
@@ -171,7 +171,7 @@ def where(ctx: Context, node) -> None:
 
 
 def compare(ctx: Context, node) -> None:
-    """x > c, x <= y, ...: a mask (exponent 0) permuting with its operands.
+    """X > c, x <= y, ...: a mask (exponent 0) permuting with its operands.
 
     ``x > 0`` is invariant under a positive scale of ``x``; a nonzero bound, a
     second tensor or a sign flip changes it, so those pin ``x``.

@@ -119,8 +119,10 @@ def vector_product(ctx: Context, node) -> None:
     for t in node.args[:2]:
         if len(shape(t)) == 1:
             src = t
-            while src.op == "call_function" and getattr(src.target, "_schema", None) and (
-                src.target._schema.name in COPIES
+            while (
+                src.op == "call_function"
+                and getattr(src.target, "_schema", None)
+                and (src.target._schema.name in COPIES)
             ):
                 src = src.args[0]
             ctx.allowed_buffers.add(src.name)

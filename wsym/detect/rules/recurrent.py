@@ -36,7 +36,11 @@ CELLS = {
 
 
 def recurrent(ctx: Context, node) -> None:
-    """lstm / gru / rnn_*(x, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first)."""
+    """Couple a recurrent layer's units (see the module docstring).
+
+    Arguments: ``(x, hx, params, has_biases, layers, dropout, train, bidirectional,
+    batch_first)``.
+    """
     name = node.target._schema.name
     x, hx, params = node.args[0], node.args[1], node.args[2]
     biases, layers, bidirectional = node.args[3], node.args[4], node.args[7]

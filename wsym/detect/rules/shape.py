@@ -23,25 +23,39 @@ def dropout(ctx: Context, node) -> None:
 
 
 def constant(ctx: Context, node) -> None:
-    """Tensors created inside the graph (ones, arange, ...): nothing acts on them.
+    """Tensors created inside the graph (arange, ...): nothing acts on them.
 
     A tensor of zeros is the exception: every linear action maps it to itself, so
-    its axes are free (an RNN's initial state, ``maximum(x, zeros_like(x))``).
+    its axes are free (an RNN's initial state, ``maximum(x, zeros_like(x))``). A
+    tensor filled with one value (``ones_like``, ``full``) is unchanged by
+    permutations only.
     """
     if is_zero(node):
         ctx.layouts[node.name] = ctx.fresh(shape(node))
-        return
-    ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
+    elif _schema_name(node) in FILLED:
+        out = ctx.fresh(shape(node))
+        for dim in out:
+            ctx.mark(dim, *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [dim], (1,))
+        ctx.layouts[node.name] = out
+    else:
+        ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
 
 
 ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
 FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
+FILLED = {*FILLS, "aten::ones", "aten::ones_like", "aten::new_ones"}
+
+
+def _schema_name(node) -> str:
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    return schema.name if schema is not None else ""
 
 
 def is_zero(node) -> bool:
     """Whether ``node`` creates a tensor of zeros (``zeros``, ``full(..., 0)``, ...)."""
-    schema = getattr(getattr(node, "target", None), "_schema", None)
-    name = schema.name if schema is not None else ""
+    name = _schema_name(node)
     if name in ZEROS:
         return True
     return name in FILLS and len(node.args) > FILLS[name] and node.args[FILLS[name]] == 0
