@@ -71,6 +71,7 @@ def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
     for node in traced.graph.nodes:
         if node.op == "call_function" and node.name not in live:
             continue  # dead code: nothing it couples matters
+        ctx.op = f"{rule_name(node)} ({node.name})" if node.op == "call_function" else ""
         if node.name in inside:
             continue  # part of a rotary embedding, handled at its final add
         if node.name in rotaries:
@@ -97,6 +98,7 @@ def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
             for src in node.all_input_nodes:
                 for lay in _tensor_layouts(ctx, src):
                     ctx.block(lay, "model output")
+    ctx.op = ""
     for name in traced.buffers:
         if name not in ctx.allowed_buffers:
             for lay in _tensor_layouts(ctx, _node(traced, name)):

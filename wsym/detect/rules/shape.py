@@ -353,6 +353,31 @@ def channel_shuffle(ctx: Context, node) -> None:
     ctx.layouts[node.name] = out
 
 
+def index(ctx: Context, node) -> None:
+    """index(x, [i0, i1, ...]): a gather along the indexed axes; the others are copied.
+
+    The gathered axes (and the axes the index tensors give the output) carry
+    nothing; every axis indexed by ``None`` keeps its values, so any linear map
+    along it commutes with the gather (a relative-position table indexed along
+    its rows keeps its head axis). Indexed axes must be adjacent.
+    """
+    x, indices = node.args[0], list(node.args[1])
+    lx = ctx.layouts[x.name]
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if not used or used != list(range(used[0], used[-1] + 1)):
+        raise ValueError("non-adjacent advanced indices")
+    for i in used:
+        ctx.block_dim(lx[i], "gathered axis")
+    before, after = lx[: used[0]], lx[used[-1] + 1 :]
+    n_new = len(shape(node)) - len(before) - len(after)
+    gathered = ctx.fresh(shape(node)[len(before) : len(before) + n_new], "gathered axis")
+    out = ctx.like(before) + gathered + ctx.like(after)
+    kept = out[: len(before)] + out[len(out) - len(after) :]
+    for dx, do in zip(before + after, kept, strict=True):
+        ctx.couple(do, dx)
+    ctx.layouts[node.name] = out
+
+
 def copy(ctx: Context, node) -> None:
     """copy(dst, src): the values (and so the axes) of ``src``, in the shape of ``dst``."""
     src = node.args[1]
@@ -505,6 +530,7 @@ RULES.update(
         "aten::stack": stack,
         "aten::slice_scatter": slice_scatter,
         "aten::copy": copy,
+        "aten::index": index,
         "aten::channel_shuffle": channel_shuffle,
         "aten::native_channel_shuffle": channel_shuffle,
         "_operator::getitem": getitem,
