@@ -1,6 +1,7 @@
 """A symmetry that does not hold must never be reported, nor survive verification."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -155,10 +156,38 @@ def test_debug_logging_keeps_torchs_report(caplog):
     assert any("torch.export failed" in r.getMessage() for r in caplog.records)
 
 
-def test_nan_weights_are_rejected_with_the_tensors_name():
-    model = MLP(4, [5], 3)
+def _entry_points(model, bad, spec, x):
+    """Every public entry point that reads weights, each called on NaN weights."""
+    from wsym.metanet import fit
+
+    batches = [(x, torch.tensor([0, 1]))]
+    loss = torch.nn.functional.cross_entropy
+    good = [MLP(4, [5], 3).state_dict() for _ in range(3)]
+    with warnings.catch_warnings():  # one validation member: its rank correlation is NaN
+        warnings.simplefilter("ignore")
+        predictor = fit(lambda: MLP(4, [5], 3), good, torch.arange(3.0), spec=spec, epochs=1)
+    return {
+        "detect": lambda: wsym.detect(model, x),
+        "canonicalize": lambda: wsym.canonicalize(bad, spec),
+        "align": lambda: wsym.align(bad, good[0], spec),
+        "sharpness": lambda: wsym.sharpness(model, batches, loss, spec=spec),
+        "hessian-trace": lambda: wsym.sharpness(model, batches, loss, measure="hessian-trace"),
+        "teleport": lambda: wsym.teleport(model, spec, batches, loss),
+        "metanet.fit": lambda: fit(
+            lambda: MLP(4, [5], 3), [*good, bad], torch.arange(4.0), spec=spec
+        ),
+        "predict": lambda: predictor.predict([good[0], bad]),
+    }
+
+
+def test_nan_weights_are_rejected_with_the_tensors_name_by_every_entry_point():
+    torch.manual_seed(0)
+    model, x = MLP(4, [5], 3), torch.randn(2, 4)
+    spec = wsym.detect(model, x)
     with torch.no_grad():
         model[2].weight[0, 0] = float("nan")
-    with pytest.raises(WsymInputError, match=r"^2\.weight holds NaN") as err:
-        wsym.detect(model, torch.randn(2, 4))
-    assert "\n" not in str(err.value)
+    bad = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, call in _entry_points(model, bad, spec, x).items():
+        with pytest.raises(WsymInputError, match=r"2\.weight holds NaN") as err:
+            call()
+        assert "\n" not in str(err.value), name

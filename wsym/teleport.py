@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from wsym.act import GroupElement, act
 from wsym.curvature.hutchinson import probe_chunks
 from wsym.curvature.objective import as_double, batch_weights, call
-from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.trace import eval_mode
 from wsym.group.kinds import kind_of
 from wsym.spec import SymmetrySpec
@@ -206,6 +206,7 @@ def teleport(
     """
     batches = list(batches)
     _check(objective, steps, lr, tol, batches)
+    check_finite(model.state_dict())
     if spec is None:
         from wsym.detect import detect
 

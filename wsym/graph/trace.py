@@ -212,7 +212,9 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
     args, kwargs = model_inputs(model, example_inputs)
     with eval_mode(model):
         try:
-            with quiet_torch():
+            with quiet_torch(), warnings.catch_warnings():
+                # nn.RNN re-registers its flat weights during export: harmless, not the user's
+                warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights")
                 ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as export_error:  # noqa: BLE001
             _check_runs(model, args, kwargs)

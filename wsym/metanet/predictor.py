@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from wsym.errors import WsymInputError
+from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
@@ -84,6 +84,7 @@ class Predictor:
                 self.schema.check(sd)
             except WsymInputError as err:
                 raise WsymInputError(f"state dict {i}: {err}") from None
+            check_finite(sd, f"state dict {i}")
             out.append(self.schema.graph(invariant_form(sd, self.spec)))
         return out
 
