@@ -72,8 +72,15 @@ def model_inputs(model: torch.nn.Module, example_inputs) -> tuple[tuple, dict]:
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module):
-    """Temporarily put ``model`` in eval mode (restoring each submodule's flag)."""
+    """Temporarily put ``model`` in eval mode (restoring each submodule's flag).
+
+    A model already in eval mode is left alone (no walk over its modules per call:
+    the verification's probe runs through here on every forward pass).
+    """
     flags = {m: m.training for m in model.modules()}
+    if not any(flags.values()):
+        yield model
+        return
     model.eval()
     try:
         yield model

@@ -102,7 +102,8 @@ class Kind:
     def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
         """The tensors of ``state`` that ``value`` changes, acted on."""
         fn = self.block_fn(group, value)
-        return {key: map_blocks(spec, key, state[key], fn) for key in group.params}
+        cls = group.cls if group.cls >= 0 else None  # block_fn moves only the class's blocks
+        return {key: map_blocks(spec, key, state[key], fn, cls) for key in group.params}
 
     # -- infinitesimal action (continuous kinds) -------------------------
     def coefficient_shape(self, spec: SymmetrySpec, group: Group) -> tuple[int, ...]:
