@@ -363,26 +363,39 @@ def fit_scaled_mlps(sds: list, y, **kwargs):
 
 
 def _flat_outputs(model, state, inputs):
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
     with torch.no_grad():
-        out = functional_call(model, state, args, tie_weights=False)
-    return torch.cat([t.reshape(-1) for t in tree_flatten(out)[0] if torch.is_tensor(t)])
+        out = functional_call(model, state, args, kwargs, tie_weights=False)
+    leaves = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]
+    return torch.cat([t.reshape(-1) for t in leaves])
 
 
 def independent_deviation(model, x, spec, seeds=(0,), fresh_seed=5) -> float:
     """Worst relative output change, independently of ``wsym.verify``.
 
     Acts with ``spec.sample(seed, scale=(0.1, 10))`` and compares float64
-    outputs (every output tensor) on ``x``, on fresh inputs and on those x20.
+    outputs (every output tensor) on ``x`` (a Tensor, or a dict of keyword
+    inputs), on fresh inputs and on those x20 (float inputs; token ids are kept).
     """
     m64 = copy.deepcopy(model).double().eval()
     sd = m64.state_dict()
     gen = torch.Generator().manual_seed(fresh_seed)
-    fresh = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+
+    def inputs(factor):
+        def one(t):
+            if not t.is_floating_point():
+                return t
+            if factor is None:
+                return t.double()
+            return factor * torch.randn(t.shape, generator=gen, dtype=torch.float64)
+
+        return {k: one(v) for k, v in x.items()} if isinstance(x, dict) else one(x)
+
     worst = 0.0
     for seed in seeds:
         moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10)), sd)
-        for xx in (x.double(), fresh, 20 * fresh):
+        gen.manual_seed(fresh_seed)
+        for xx in (inputs(None), inputs(1.0), inputs(20.0)):
             y0, y1 = _flat_outputs(m64, sd, xx), _flat_outputs(m64, moved, xx)
             worst = max(worst, float((y1 - y0).abs().max() / y0.abs().max()))
     return worst

@@ -173,3 +173,31 @@ def test_norms_and_channel_shuffle(name, norm, expected, sizes):
     torch.manual_seed(0)
     spec = detect_checked(Normed(norm), torch.randn(2, 3, 5, 5), expected)
     assert {g.size for g in spec.groups if g.kind == "permutation"} == sizes
+
+
+class RelativeBias(nn.Module):
+    """Attention with a learned relative-position bias per head, read by integer indexing."""
+
+    def __init__(self, t=5, heads=2, d=4):
+        super().__init__()
+        self.h, self.d = heads, d
+        self.qkv, self.o = nn.Linear(6, 3 * heads * d), nn.Linear(heads * d, 6)
+        self.table = nn.Parameter(torch.randn(2 * t - 1, heads))
+        pos = torch.arange(t)
+        self.register_buffer("index", pos[:, None] - pos[None, :] + t - 1)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, self.d).permute(2, 0, 3, 1, 4)
+        bias = self.table[self.index.reshape(-1)].view(t, t, self.h).permute(2, 0, 1)
+        a = torch.softmax(q @ k.transpose(-1, -2) + bias, -1)
+        return self.o((a @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+def test_relative_position_table_permutes_with_its_heads():
+    torch.manual_seed(0)
+    spec = detect_checked(
+        RelativeBias(), torch.randn(2, 5, 6), {"gl": 2, "permutation": 1, "translation": 1}
+    )
+    (heads,) = [g for g in spec.groups if g.kind == "permutation"]
+    assert heads.size == 2 and "table" in heads.params
