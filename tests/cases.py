@@ -30,6 +30,19 @@ class Case:
     tol: float = 1e-8  # relative output change allowed when acting in float64
 
 
+class DataDependentClamp(nn.Module):
+    """The issue's example: a clamp that only fires on large activations (export fails)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h.clamp(-10, 10) if h.abs().max() > 10 else h
+        return self.b(torch.relu(h))
+
+
 class SwiGLU(nn.Module):
     def __init__(self, d=6, h=5):
         super().__init__()

@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+from cases import DataDependentClamp
 from torch import nn
 
 import wsym
@@ -47,24 +48,11 @@ def test_explain_names_an_unknown_operation():
     assert "operation aten::cumsum is not understood" in spec.explain("a.weight")
 
 
-class Saturating(nn.Module):
-    """Data-dependent control flow: the specialized trace misses the clamp."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(3, 4), nn.Linear(4, 2)
-
-    def forward(self, x):
-        h = self.a(x)
-        h = h.clamp(-10, 10) if h.abs().max() > 10 else h
-        return self.b(torch.relu(h))
-
-
 def test_explain_reports_a_candidate_verification_dropped():
     torch.manual_seed(0)
-    spec = quiet_detect(Saturating(), torch.randn(6, 3))
+    spec = quiet_detect(DataDependentClamp(), torch.randn(6, 4))
     assert not any(g.kind == "scaling" for g in spec.groups), spec.table()
-    assert "(R+)^4 (scaling) dropped: outputs changed by" in spec.explain("a.weight")
+    assert "(R+)^8 (scaling) dropped: outputs changed by" in spec.explain("a.weight")
 
 
 def test_notes_survive_json_and_unknown_names_are_refused():

@@ -4,11 +4,11 @@ import copy
 
 import pytest
 import torch
+from cases import independent_deviation
 from torch import nn
 from torch.nn.utils import parametrizations
 
 import wsym
-from cases import independent_deviation
 
 
 def detect_checked(model, x, expected):

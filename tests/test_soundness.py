@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from cases import DataDependentClamp
 from torch import nn
 
 import wsym
@@ -113,19 +114,6 @@ def test_detect_does_not_modify_the_model():
     wsym.detect(model, torch.randn(2, 4))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
-
-
-class DataDependentClamp(nn.Module):
-    """The issue's example: a clamp that only fires on large activations (export fails)."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def forward(self, x):
-        h = self.a(x)
-        h = h.clamp(-10, 10) if h.abs().max() > 10 else h
-        return self.b(torch.relu(h))
 
 
 def test_export_fallback_is_verified_on_the_module_and_says_so_in_one_line(capfd):
