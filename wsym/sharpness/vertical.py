@@ -43,6 +43,7 @@ from torch import Tensor
 from wsym.geometry import Gram
 from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.exponents import translation_directions
+from wsym.sharpness.schur import schur
 from wsym.sharpness.structure import TangentLayout, structure
 
 TOL = 1e-11
@@ -81,6 +82,7 @@ class Horizontal:
         like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
         theta = torch.cat([params[k].reshape(-1) for k in names]) if names else like.new_zeros(0)
         theta = theta.double()
+        self._exps = st.exps
         self._val = st.exps * theta[st.param_of]  # (K, support): exponent * theta per unit slot
         full, D = translation_directions(spec, names, params)
         self.keep = None
@@ -103,6 +105,8 @@ class Horizontal:
         self._cg = (st.cg_units, torch.ones(D.shape[1], dtype=torch.bool), st.cg_stacks)
         self._layout = self._full()
         self._reduced_layout = None
+        self._schur = None
+        self.exact = True  # the Schur complement where it applies, else conjugate gradients
         self._precompute()
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
@@ -119,7 +123,7 @@ class Horizontal:
     def _full(self) -> TangentLayout:
         return TangentLayout(
             sum(self.sizes), self._slots, self.geom._inv, self._views,
-            self._support, self._idx, self._val, self.D,
+            self._support, self._idx, self._val, self.D, self._exps,
         )  # fmt: skip
 
     def _reduced(self) -> TangentLayout:
@@ -145,7 +149,7 @@ class Horizontal:
         sup = torch.searchsorted(R, self._support[cols])
         return TangentLayout(
             len(R), slots, self.geom._inv[R[:slots]], views,
-            sup, self._idx[:, cols], self._val[:, cols], self.D[R],
+            sup, self._idx[:, cols], self._val[:, cols], self.D[R], self._exps[:, cols],
         )  # fmt: skip
 
     # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
@@ -282,7 +286,10 @@ class Horizontal:
         keep = (units, trans, stacks)
         if self._reduced_layout is None:
             self._reduced_layout = self._reduced()
+            self._schur = schur(self, self._reduced_layout) if self.exact else None
         reduced = self._reduced_layout
+        if self._schur is not None:
+            return [u + v for u, v in zip(self._solve_schur(b, keep), exact, strict=True)]
         x = [torch.zeros_like(t) for t in b]
         r = self._restrict(list(b), *keep)
         z = self._restrict(self.precondition(r), *keep)
@@ -300,6 +307,25 @@ class Horizontal:
             rz = rz_new
             self.iterations += 1
         return [u + v for u, v in zip(x, exact, strict=True)]
+
+    def _solve_schur(self, b: Coefficients, keep) -> Coefficients:
+        """The coupled system solved exactly through :mod:`wsym.sharpness.schur`.
+
+        With ``C`` the blocks' own Gram operator (inverted exactly by
+        :meth:`precondition`) and ``B`` the units' coupling to them:
+        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``.
+        """
+        units, trans, stacks = keep
+        reduced = self._reduced_layout
+        blocks = self._restrict(list(b), torch.zeros_like(units), trans, stacks)
+        w = self._restrict(self.precondition(blocks), torch.zeros_like(units), trans, stacks)
+        rhs = (b[0] - self.gram(w, reduced)[0]) * units
+        a = self._schur.solve(rhs)
+        back = self.gram([a, *[torch.zeros_like(t) for t in b[1:]]], reduced)
+        rest = [u - v for u, v in zip(blocks, back, strict=True)]
+        omega = self._restrict(self.precondition(rest), torch.zeros_like(units), trans, stacks)
+        self.iterations = 0
+        return [a, *omega[1:]]
 
     @staticmethod
     def _restrict(c: Coefficients, units: Tensor, trans: Tensor, stacks: list) -> Coefficients:

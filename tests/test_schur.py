@@ -1,0 +1,69 @@
+"""The exact Schur-complement solve of the coupled Gram system (float64).
+
+Where LayerNorm gains feed attention blocks under the mixed metric, the horizontal
+projection solves its coupled Gram system through the Schur complement on the units
+(``wsym.sharpness.schur``) instead of conjugate gradients; both must give the same
+coefficients, and the invariant metric (no closed form) must keep conjugate gradients.
+"""
+
+import pytest
+import torch
+from cases import stock_case
+
+from wsym.sharpness.gauge import balanced
+from wsym.sharpness.perturbation import Geodesic
+
+
+def _horizontal(name, metric):
+    model, _, _, spec = stock_case(name)
+    state = balanced(spec, model.state_dict())
+    params = {n: state[n].double() for n, _ in model.named_parameters()}
+    return Geodesic(params, spec, metric).horizontal
+
+
+def _rhs(h, seed):
+    gen = torch.Generator().manual_seed(seed)
+    xi = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in h.geom.coordinates()]
+    return h.adjoint(h.lower(h._flat(xi)))
+
+
+def _norm(c):
+    return sum(float((x * x).sum()) for x in c) ** 0.5
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit_tiny"])
+def test_schur_equals_conjugate_gradients(name):
+    h = _horizontal(name, "mixed")
+    if not any(h._cg[2]):
+        pytest.fail(f"{name}: no coupled block, nothing to test")
+    b = _rhs(h, 0)
+    h.exact = False
+    by_cg = h.solve(b)
+    assert h.iterations > 0 and h._schur is None
+    h.exact, h._reduced_layout = True, None
+    by_schur = h.solve(b)
+    assert h._schur is not None, "the closed form applies to LayerNorm gains feeding GL blocks"
+    assert h.iterations == 0
+    diff = [x - y for x, y in zip(by_cg, by_schur, strict=True)]
+    assert _norm(diff) <= 1e-9 * _norm(by_cg)
+    residual = [x - y for x, y in zip(h.gram(by_schur), b, strict=True)]
+    assert _norm(residual) <= 1e-10 * _norm(b)
+
+
+def test_a_wrong_schur_complement_is_caught():
+    """Negative control: perturbing one factor breaks the solve the test above checks."""
+    h = _horizontal("gpt2", "mixed")
+    b = _rhs(h, 1)
+    h.solve(b)
+    block, factor = h._schur.groups[0]
+    h._schur.groups[0] = (block, factor * 1.01)
+    residual = [x - y for x, y in zip(h.gram(h.solve(b)), b, strict=True)]
+    assert _norm(residual) > 1e-4 * _norm(b)
+
+
+@pytest.mark.parametrize(("name", "metric"), [("gpt2", "invariant"), ("llama", "mixed")])
+def test_no_closed_form_keeps_conjugate_gradients(name, metric):
+    """The invariant metric, and Llama's rotary (orthogonal) blocks, have no closed form."""
+    h = _horizontal(name, metric)
+    h.solve(_rhs(h, 2))
+    assert h._schur is None and h.iterations > 0
