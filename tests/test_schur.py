@@ -1,15 +1,17 @@
 """The exact Schur-complement solve of the coupled Gram system (float64).
 
-Where LayerNorm gains feed attention blocks under the mixed metric, the horizontal
+Where LayerNorm gains feed attention blocks, the horizontal
 projection solves its coupled Gram system through the Schur complement on the units
 (``wsym.sharpness.schur``) instead of conjugate gradients; both must give the same
-coefficients, and the invariant metric (no closed form) must keep conjugate gradients.
+coefficients under both metrics, and where no closed form applies conjugate gradients
+stay.
 """
 
 import pytest
 import torch
 from cases import stock_case
 
+from wsym.sharpness import schur as schur_module
 from wsym.sharpness.gauge import balanced
 from wsym.sharpness.perturbation import Geodesic
 
@@ -32,8 +34,9 @@ def _norm(c):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "vit_tiny"])
-def test_schur_equals_conjugate_gradients(name):
-    h = _horizontal(name, "mixed")
+@pytest.mark.parametrize("metric", ["mixed", "invariant"])
+def test_schur_equals_conjugate_gradients(name, metric):
+    h = _horizontal(name, metric)
     if not any(h._cg[2]):
         pytest.fail(f"{name}: no coupled block, nothing to test")
     b = _rhs(h, 0)
@@ -61,9 +64,15 @@ def test_a_wrong_schur_complement_is_caught():
     assert _norm(residual) > 1e-4 * _norm(b)
 
 
-@pytest.mark.parametrize(("name", "metric"), [("gpt2", "invariant"), ("llama", "mixed")])
-def test_no_closed_form_keeps_conjugate_gradients(name, metric):
-    """The invariant metric, and Llama's rotary (orthogonal) blocks, have no closed form."""
-    h = _horizontal(name, metric)
+def test_orthogonal_blocks_keep_conjugate_gradients():
+    """Llama's rotary (orthogonal) blocks have no closed form here."""
+    h = _horizontal("llama", "mixed")
+    h.solve(_rhs(h, 2))
+    assert h._schur is None and h.iterations > 0
+
+
+def test_large_invariant_blocks_keep_conjugate_gradients(monkeypatch):
+    monkeypatch.setattr(schur_module, "MAX_ROWS", 4)
+    h = _horizontal("gpt2", "invariant")
     h.solve(_rhs(h, 2))
     assert h._schur is None and h.iterations > 0

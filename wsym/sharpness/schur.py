@@ -24,11 +24,14 @@ Hadamard products of the blocks' row Gram matrices (``docs/geometry.md``):
 exponents. :math:`S` is block-diagonal over the connected components of "touch the same
 block or entry", so it is assembled and Cholesky-factored once per base point, one
 small dense matrix per component; each solve then costs two Gram products instead of
-a conjugate-gradient run.
+a conjugate-gradient run. Under the invariant metric :math:`C^{-1}` is a Lyapunov
+solve, and the same complement is one product of ``(rows, h^2)`` factors per block
+(:func:`_invariant_term`), formed where it costs less than a few dozen
+conjugate-gradient iterations (:data:`MAX_ROWS`).
 
 :func:`schur` returns None (the caller keeps conjugate gradients) where this does not
-apply: a coupled block under the invariant metric (its :math:`C^{-1}` has no such
-closed form), an orthogonal or one-sided block, a translation among the coupled
+apply: an invariant-metric block of more than :data:`MAX_ROWS` rows, an orthogonal or
+one-sided block, a translation among the coupled
 generators, or a unit whose exponent varies along a block row.
 """
 
@@ -69,7 +72,9 @@ def schur(h, lay) -> Schur | None:
     coupled = [s for s, c in enumerate(stacks) if c]
     for s in coupled:
         G, H = h.stacks[s]
-        if h.geom.metrics[s] != "mixed" or h.skew[s] or not (G.shape[-2] and H.shape[-2]):
+        if h.skew[s] or not (G.shape[-2] and H.shape[-2]):
+            return None
+        if h.geom.metrics[s] == "invariant" and G.shape[-2] + H.shape[-2] > MAX_ROWS:
             return None
     n = h.n_units
     plain = lay.sup < lay.slots
@@ -94,9 +99,16 @@ def schur(h, lay) -> Schur | None:
         G, H = h.stacks[s]
         ru, re = rowsets[s]
         G, H = G.reshape(-1, *G.shape[-2:]), H.reshape(-1, *H.shape[-2:])
-        chunk = max(1, CHUNK // ru.shape[-1] ** 2)
+        rows, width = ru.shape[-1], G.shape[-1]
+        chunk = max(1, CHUNK // max(rows * rows, rows * width * width))
         for lo in range(0, G.shape[0], chunk):
-            M = _block_term(G[lo : lo + chunk], H[lo : lo + chunk], h.geom.eps)
+            part = slice(lo, lo + chunk)
+            if h.geom.metrics[s] == "mixed":
+                M = _mixed_term(G[part], H[part], h.geom.eps)
+            else:
+                _, _, _, S, Sinv, den = h._blocks[s]
+                flat = [t.reshape(-1, *t.shape[-2:])[part] for t in (S, Sinv, den)]
+                M = _invariant_term(G[part], H[part], h.geom.eps, *flat)
             for a in range(ru.shape[0]):
                 for b in range(ru.shape[0]):
                     ua, ub = ru[a, lo : lo + chunk], ru[b, lo : lo + chunk]
@@ -107,9 +119,12 @@ def schur(h, lay) -> Schur | None:
 
 CHUNK = 1 << 22
 """Entries of the blocks' row Gram matrices formed at once (bounds the memory)."""
+MAX_ROWS = 600
+"""Invariant metric: the Schur complement costs about ``(n + m) / 6`` CG iterations per
+block (``2 (n + m)^2 h^2`` flops against ``12 (n + m) h^2``), formed only below this."""
 
 
-def _block_term(G: Tensor, H: Tensor, eps: float) -> Tensor:
+def _mixed_term(G: Tensor, H: Tensor, eps: float) -> Tensor:
     """``diag(K_G, K_H) - B C^{-1} B^T`` in row coordinates, per block ``(b, n + m, n + m)``.
 
     The first term is the units' own Gram matrix on the block rows (the mixed metric
@@ -122,6 +137,33 @@ def _block_term(G: Tensor, H: Tensor, eps: float) -> Tensor:
     X2 = (G @ H.mT) ** 2
     M = -0.5 * torch.cat([torch.cat([L_G * K_G, -X2], -1), torch.cat([-X2.mT, K_H * L_H], -1)], -2)
     own = torch.cat([K_G.diagonal(dim1=-2, dim2=-1), K_H.diagonal(dim1=-2, dim2=-1)], -1)
+    M.diagonal(dim1=-2, dim2=-1).add_(own)
+    return M
+
+
+def _invariant_term(
+    G: Tensor, H: Tensor, eps: float, S: Tensor, Sinv: Tensor, den: Tensor
+) -> Tensor:
+    """The invariant metric's ``diag(L_G, L_H) - B C^{-1} B^T`` per block, rows of G then H.
+
+    A unit on row ``r`` of ``G`` has ``B^T e_r = g_r (P^{-1} g_r)^T`` and on row ``c`` of
+    ``H`` ``-Q^{-1} h_c h_c^T``; ``C^{-1}`` is the Lyapunov solve of
+    :meth:`Horizontal.precondition` (``K = QP = S diag(lam) S^{-1}``), so
+    ``<B^T e_r', C^{-1} B^T e_r> = sum_jk u_r'j v_r'k alpha_rj beta_rk / den_jk``: one
+    matrix product of ``(rows, h^2)`` factors per block.
+    """
+    P, Q = Gram.of(G, eps).matrix, Gram.of(H, eps).matrix
+    PG, QH = torch.linalg.solve(P, G.mT), torch.linalg.solve(Q, H.mT)  # P^-1 g_r, Q^-1 h_c
+    St, Si = S.mT, Sinv
+    alpha = torch.cat([(Si @ Q @ G.mT).mT, -(Si @ H.mT).mT], -2)  # (b, rows, h)
+    beta = torch.cat([(St @ G.mT).mT, (St @ P @ H.mT).mT], -2)
+    u = torch.cat([(St @ G.mT).mT, -(St @ QH).mT], -2)
+    v = torch.cat([(Si @ PG).mT, (Si @ H.mT).mT], -2)
+    b, rows, w = alpha.shape
+    Y = (alpha[..., :, None] * beta[..., None, :] / den[:, None]).reshape(b, rows, w * w)
+    U = (u[..., :, None] * v[..., None, :]).reshape(b, rows, w * w)
+    M = -(U @ Y.mT)
+    own = torch.cat([(G * PG.mT).sum(-1), (H * QH.mT).sum(-1)], -1)  # diag of G P^-1 G^T, ...
     M.diagonal(dim1=-2, dim2=-1).add_(own)
     return M
 
