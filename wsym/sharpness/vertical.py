@@ -173,29 +173,36 @@ class Horizontal:
         return out
 
     def apply(self, c: Coefficients, lay: TangentLayout | None = None) -> Tensor:
-        """``J c`` as a flat tangent vector (in layout ``lay``, default all)."""
+        """``J c`` as a flat tangent vector (in layout ``lay``, default all); None: zero part."""
         lay = lay or self._layout
         a, t, omegas = c[0], c[1], c[2:]
         v = torch.zeros(lay.n, dtype=torch.float64)
-        if a.numel():
+        if a is not None and a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
             v[lay.sup] = (lay.val * ext[lay.idx]).sum(0)
-        if t.numel():
+        if t is not None and t.numel():
             v = v + lay.D @ t
         for s, (G, H) in enumerate(self.stacks):
-            if lay.views[s] is None:
+            if lay.views[s] is None or omegas[s] is None:
                 continue
             vG, vH = self._views_of(v, lay, s)
             vG.add_(G @ omegas[s])
             vH.sub_(H @ omegas[s].mT)
         return v
 
-    def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:
-        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
+    def adjoint(
+        self, y: Tensor, lay: TangentLayout | None = None, units: bool = True, blocks: bool = True
+    ) -> Coefficients:
+        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``).
+
+        ``units=False`` / ``blocks=False`` leave the scaling / block coefficients zero
+        (uncomputed).
+        """
         lay = lay or self._layout
-        out = [self._unit_sums(lay.val * y[lay.sup], lay.idx), lay.D.T @ y]
+        a = self._unit_sums(lay.val * y[lay.sup], lay.idx) if units else y.new_zeros(self.n_units)
+        out = [a, lay.D.T @ y]
         for s, (G, H) in enumerate(self.stacks):
-            if lay.views[s] is None:
+            if lay.views[s] is None or not blocks:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
                 continue
             yG, yH = self._views_of(y, lay, s)
@@ -313,17 +320,19 @@ class Horizontal:
 
         With ``C`` the blocks' own Gram operator (inverted exactly by
         :meth:`precondition`) and ``B`` the units' coupling to them:
-        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``.
+        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``; ``B`` and ``B^T``
+        are the unit and block parts of Gram products, each computed alone.
         """
         units, trans, stacks = keep
-        reduced = self._reduced_layout
-        blocks = self._restrict(list(b), torch.zeros_like(units), trans, stacks)
-        w = self._restrict(self.precondition(blocks), torch.zeros_like(units), trans, stacks)
-        rhs = (b[0] - self.gram(w, reduced)[0]) * units
-        a = self._schur.solve(rhs)
-        back = self.gram([a, *[torch.zeros_like(t) for t in b[1:]]], reduced)
+        lay, off = self._reduced_layout, torch.zeros_like(units)
+        blocks = self._restrict(list(b), off, trans, stacks)
+        w = self._restrict(self.precondition(blocks), off, trans, stacks)
+        moved = self.lower(self.apply([None, None, *w[2:]], lay), lay)
+        a = self._schur.solve((b[0] - self.adjoint(moved, lay, blocks=False)[0]) * units)
+        moved = self.lower(self.apply([a, None, *[None] * len(stacks)], lay), lay)
+        back = self.adjoint(moved, lay, units=False)
         rest = [u - v for u, v in zip(blocks, back, strict=True)]
-        omega = self._restrict(self.precondition(rest), torch.zeros_like(units), trans, stacks)
+        omega = self._restrict(self.precondition(rest), off, trans, stacks)
         self.iterations = 0
         return [a, *omega[1:]]
 
