@@ -123,7 +123,8 @@ def block_at(spec: SymmetrySpec, key: str, t: Tensor, b: int) -> tuple[Tensor, l
 def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False) -> Tensor:
     """:func:`transform` of ``t = state_dict[key]`` along the spec's layout, from its plan.
 
-    With ``cls``, ``fn`` is only called on the blocks with a leaf of that class
+    With ``cls`` (a class, or a frozenset of classes), ``fn`` is only called on the
+    blocks with a leaf of that class
     (``fn`` must leave the others unchanged, or, with ``zero``, map them to zero):
     a tensor concatenated from many classes (a DenseNet's BatchNorm over all
     earlier layers' features) is then visited once per group, not once per block.
@@ -133,7 +134,12 @@ def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False
         shape, lv = plan
         return fn(t.reshape(shape), list(lv)).reshape(t.shape)
     flat = t.reshape(-1)
-    visit = range(len(plan)) if cls is None else blocks_with(spec, key, cls)
+    if cls is None:
+        visit = range(len(plan))
+    elif isinstance(cls, frozenset):  # any of several classes
+        visit = sorted({b for c in cls for b in blocks_with(spec, key, c)})
+    else:
+        visit = blocks_with(spec, key, cls)
     blocks = [(plan[b][0], fn(flat[plan[b][0]], plan[b][1])) for b in visit]
     if cls is None or len(visit) == len(plan):
         out = torch.empty(flat.shape, dtype=blocks[0][1].dtype)

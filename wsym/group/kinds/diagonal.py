@@ -129,6 +129,8 @@ class Scaling(Sign):
 class NormScaling(Scaling):
     """``(R+)^n`` on the weights feeding a BatchNorm, with its running statistics and weight."""
 
+    fusable = False  # its act also corrects the BatchNorm weights from the running variances
+
     name = "norm_scaling"
     one_sided = True
 
