@@ -60,6 +60,7 @@ def canonicalize(state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float
         >>> all(torch.allclose(a[k], b[k]) for k in a)
         True
     """
+    check_finite(state_dict)  # here, not in canonical_element: optimizers reach it diverged
     canon, _ = canonical_element(state_dict, spec, kinds=kinds, tol=tol)
     return {k: v.to(state_dict[k].dtype) for k, v in canon.items()}
 
@@ -68,7 +69,6 @@ def canonical_element(
     state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float = 1e-12, max_sweeps: int = 1000
 ) -> tuple[dict, GroupElement]:
     """``(canonical float64 state dict, g)`` with ``act(g, state_dict) == canonical``."""
-    check_finite(state_dict)
     work = {k: v.detach().double() if v.is_floating_point() else v for k, v in state_dict.items()}
     kinds = set(kinds) if kinds is not None else {g.kind for g in spec.groups}
     comps: list = []
