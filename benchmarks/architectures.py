@@ -3,7 +3,7 @@
 Run from the repository root, one family at a time (progress is checkpointed in
 ``benchmarks/architectures_results.jsonl``; a rerun skips models already done)::
 
-    .venv/bin/python benchmarks/architectures.py --family torchvision
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/architectures.py --family torchvision
     .venv/bin/python benchmarks/architectures.py --family timm --only ghostnet_050,cait_xxs24_224
     .venv/bin/python benchmarks/architectures.py --table   # writes architectures_results.md
 
