@@ -237,6 +237,27 @@ def _build_builtin(name: str, config: dict[str, Any]) -> nn.Module:
 
 def _build_from_module(module_name: str, attr: str, config: dict[str, Any]) -> nn.Module:
     spec = f"{module_name}:{attr}"
+    return _call(import_callable(spec, "a function returning a model"), spec, **config)
+
+
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable named ``module:attr`` or ``path/to/file.py:attr``.
+
+    The module is imported from the working directory (as ``python -m`` would) or the
+    installed packages, a ``.py`` file from its path.
+
+    Args:
+        spec: ``package.module:name`` (``name`` may be dotted) or ``file.py:name``.
+        what: what the callable should be, for the error message.
+
+    Raises:
+        WsymInputError: Nothing importable there, or not a callable.
+
+    Example:
+        >>> import_callable("torch.nn:Identity", "a model class")
+        <class 'torch.nn.modules.linear.Identity'>
+    """
+    module_name, attr = split_spec(spec)
     target: Any = _import_file(module_name) if module_name.endswith(".py") else None
     if target is None:
         target = _import_from_working_directory(module_name, spec)
@@ -245,8 +266,8 @@ def _build_from_module(module_name: str, attr: str, config: dict[str, Any]) -> n
             raise WsymInputError(f"{module_name} has no attribute {attr!r}; {SPELLING_HINT}")
         target = getattr(target, part)
     if not callable(target):
-        raise WsymInputError(f"{spec} is not callable; point to a function returning a model")
-    return _call(target, spec, **config)
+        raise WsymInputError(f"{spec} is not callable; point to {what}")
+    return target
 
 
 def _import_from_working_directory(module_name: str, spec: str) -> Any:
@@ -259,7 +280,7 @@ def _import_from_working_directory(module_name: str, spec: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         raise WsymInputError(
-            f"cannot import {module_name!r} for model {spec} ({err}; looked in the working "
+            f"cannot import {module_name!r} for {spec} ({err}; looked in the working "
             f"directory {cwd} and the installed packages); run from the directory holding "
             f"it, or name the file, e.g. path/to/{module_name.split('.')[-1]}.py:factory"
         ) from err
