@@ -53,6 +53,7 @@ Run (from the repository root; ``PYTHONPATH=.`` imports this checkout's wsym):
     PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --quick    # smoke run
     PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --grid     # robustness grid
     PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --pothole  # two-scale quadratic
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --reference  # learned U, exact optima
 """
 
 from __future__ import annotations
@@ -359,13 +360,7 @@ def grid_table(rows=GRID_OPTIMIZERS + GRID_BASELINES) -> None:
 
 def pothole_table() -> None:
     """The two-scale quadratic's envelopes, with U given and learned (tests/test_two_scale.py)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "tests" / "test_two_scale.py"
-    spec = importlib.util.spec_from_file_location("two_scale", path)
-    ts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ts)
+    ts = _load_test("test_two_scale")
     lams = ts.LAMBDAS
 
     def learned(scale, normalize="metric"):
@@ -385,6 +380,52 @@ def pothole_table() -> None:
         print(f"| {name} | {cells} | {ts._slope(lams, ys):+.4f} |")
 
 
+def _load_test(name: str):
+    """A module of tests/ (its helpers are the experiments' references)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "tests" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_table() -> None:
+    """The learned structures against the exact optima on tests/test_llqr.py's problem."""
+    tl = _load_test("test_llqr")
+    print("| network | | " + " | ".join(tl.RICHER) + " | block optimum | dense optimum |")
+    print("|---|---|" + "---|" * (len(tl.RICHER) + 2))
+    notes = []
+    for hidden in ([], [4]):
+        torch.manual_seed(0)
+        model = MLP(5, hidden, 3).double()
+        lin, grads, lam, full, _, _ = tl._problem(model)
+        _, optimum, exact = tl._reference(model, lin, grads, lam, full)
+        best_step, best, bound = tl._block_reference(model, lin, grads, lam, full)
+        fits = {s: tl._learned(s, model, lin, grads, lam) for s in tl.RICHER}
+        cross = float(best_step @ exact / (best_step.norm() * exact.norm()))
+        name = f"MLP(5, {hidden}, 3)"
+        rows = {
+            "cosine to -C^-1 g": [tl._cosine(u, full, exact) for u, _ in fits.values()]
+            + [cross, 1.0],
+            "cosine to block optimum": [tl._cosine_to(u, full, best_step) for u, _ in fits.values()]
+            + [1.0, cross],
+            "objective": [v for _, v in fits.values()] + [best, optimum],
+        }
+        for label, cells in rows.items():
+            print(f"| {name} | {label} | " + " | ".join(f"{c:.4f}" for c in cells) + " |")
+        longer = tl._learned("dense", model, lin, grads, lam, steps=1000)[1]
+        notes.append(
+            f"{name}: dense, 1000 inner steps: objective {longer:.5f}, 200: "
+            f"{fits['dense'][1]:.5f}; dense cosine to block optimum "
+            f"{tl._cosine_to(fits['dense'][0], full, best_step):.5f}; block optimum "
+            f"{best:.5f}, symmetric block-diagonal optimum (a bound) {bound:.5f}"
+        )
+    print("\n" + "\n".join(notes))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -394,12 +435,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 seed, budget 40: a smoke run")
     parser.add_argument("--grid", action="store_true", help="the robustness grid only")
     parser.add_argument("--pothole", action="store_true", help="the two-scale quadratic only")
+    parser.add_argument("--reference", action="store_true", help="learned U vs exact optima")
     parser.add_argument(
         "--grid-rows", default=",".join(GRID_OPTIMIZERS + GRID_BASELINES), help="with --grid"
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.pothole:
+    if args.reference:
+        reference_table()
+    elif args.pothole:
         pothole_table()
     elif args.grid:
         grid_table(tuple(args.grid_rows.split(",")))
