@@ -25,6 +25,10 @@ best value on the robustness grid (``--grid``, the lowest training loss after 80
 lrs 0.03 / 0.1 / 0.3 / 1 on SGD, 1e-3 / 3e-3 / 1e-2 / 3e-2 for Adam), the digits MLP's
 grid row serving the mnist1d MLP.
 
+Ablations of the learned U (``--methods llqr@newton,...``, at the method's learning rate):
+``@newton`` keeps the LQR minimizer's own scale (``LQRPreconditioner(scale="newton")``),
+``@damping1`` sets the relative damping to 1 (default 0.1).
+
 Teleportation (``+tp``): ``wsym.teleport(..., objective="grad-norm", steps=3, lr=0.05)``
 on the current batch every 25 optimizer steps, moving the optimizer's state with the
 weights (``optimizer=``, ``wsym.optim.transport``); its cost is in the time, not in the
@@ -70,7 +74,7 @@ from torch.nn import functional as F
 import wsym
 from wsym.data import Dataset, load
 from wsym.errors import WsymInputError
-from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM
+from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM, LQRPreconditioner
 from wsym.optim.base import frozen_buffers
 from wsym.reference import MLP, ResidualCNN, TinyTransformer
 from wsym.train import evaluate
@@ -87,42 +91,31 @@ METHODS = (
     "llqr-sam",
     "llqr-sam-fisher",
 )
-ONE_PASS = ("sgd", "adam", "kfac", "llqr")
+ONE_PASS = ("sgd", "adam", "kfac", "llqr")  # and their ablations, "llqr@newton", ...
 TASKS = ("mnist1d-mlp", "digits-cnn", "digits-transformer")
 MEASURES = ("adaptive", "geodesic-inv")
 MOMENTUM, REFRESH, INNER = 0.9, 40, 10
 TELEPORT_EVERY = 25
-# the best learning rate of each method's robustness-grid row (module docstring)
+# the best learning rate of each method's robustness-grid row (module docstring):
+# method -> (digits MLP row for mnist1d-mlp, digits-bn-cnn row, digits-transformer row)
 _GRID_LRS = {
-    "mlp": dict(
-        sgd=0.1,
-        adam=0.03,
-        kfac=0.03,
-        llqr=0.03,
-        sam=0.1,
-        asam=0.1,
-        **{"fisher-sam": 0.1, "geosam": 0.1, "llqr-sam": 0.03, "llqr-sam-fisher": 0.03},
-    ),
-    "cnn": dict(
-        sgd=0.3,
-        adam=0.03,
-        kfac=0.1,
-        llqr=0.3,
-        sam=0.3,
-        asam=0.3,
-        **{"fisher-sam": 0.3, "geosam": 0.3, "llqr-sam": 1.0, "llqr-sam-fisher": 0.1},
-    ),
-    "transformer": dict(
-        sgd=0.1,
-        adam=0.01,
-        kfac=0.03,
-        llqr=0.03,
-        sam=0.1,
-        asam=0.1,
-        **{"fisher-sam": 0.1, "geosam": 0.1, "llqr-sam": 0.1, "llqr-sam-fisher": 0.03},
-    ),
+    "sgd": (0.1, 0.3, 0.1),
+    "adam": (0.03, 0.03, 0.01),
+    "kfac": (0.03, 0.1, 0.03),
+    "llqr": (0.03, 0.3, 0.03),
+    "sam": (0.1, 0.3, 0.1),
+    "asam": (0.1, 0.3, 0.1),
+    "fisher-sam": (0.1, 0.3, 0.1),
+    "geosam": (0.1, 0.3, 0.1),
+    "llqr-sam": (0.03, 1.0, 0.1),
+    "llqr-sam-fisher": (0.03, 0.1, 0.03),
 }
-LRS = {task: _GRID_LRS[task.split("-")[1]] for task in TASKS}
+LRS = {task: {m: lrs[k] for m, lrs in _GRID_LRS.items()} for k, task in enumerate(TASKS)}
+
+
+def _lr(task: str, method: str) -> float:
+    """A method's learning rate; an ablation (``llqr@newton``) takes its method's."""
+    return LRS[task][method.partition("@")[0]]
 
 
 def _task(name: str, seed: int) -> tuple[nn.Module, Dataset, int]:
@@ -136,17 +129,29 @@ def _task(name: str, seed: int) -> tuple[nn.Module, Dataset, int]:
     return TinyTransformer(patch=8, seq=8, dim=16, heads=2, depth=1, hidden=32), rows, 64
 
 
+def _learned(variant: str) -> dict:
+    """The learned U's options: the default, or an ablation (``@newton``, ``@damping1``)."""
+    if variant == "newton":  # the LQR minimizer's own scale, not gradient-normalized
+        return {
+            "refresh": REFRESH,
+            "preconditioner": LQRPreconditioner("kfac", steps=INNER, scale="newton"),
+        }
+    damping = {"": 0.1, "damping1": 1.0}[variant]
+    return {"refresh": REFRESH, "inner_steps": INNER, "damping": damping, "preconditioner": "kfac"}
+
+
 def _optimizer(method: str, model: nn.Module, lr: float, example):
+    method, _, variant = method.partition("@")
     if method == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
     if method == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr)
     sgd = {"base_optimizer": torch.optim.SGD, "lr": lr, "momentum": MOMENTUM}
-    learned = {"refresh": REFRESH, "inner_steps": INNER}
+    learned = _learned(variant)
     if method == "kfac":
         return LLQR(model, preconditioner="fisher-kfac", refresh=REFRESH, **sgd)
     if method == "llqr":
-        return LLQR(model, preconditioner="kfac", **learned, **sgd)
+        return LLQR(model, **learned, **sgd)
     if method == "sam":
         return SAM(model, rho=0.05, **sgd)
     if method == "asam":
@@ -157,7 +162,7 @@ def _optimizer(method: str, model: nn.Module, lr: float, example):
         return GeoSAM(model, rho=0.05, example_inputs=example, **sgd)
     if method == "llqr-sam-fisher":
         return LLQRSAM(model, rho=0.05, preconditioner="fisher-kfac", refresh=REFRESH, **sgd)
-    return LLQRSAM(model, rho=0.05, preconditioner="kfac", **learned, **sgd)
+    return LLQRSAM(model, rho=0.05, **learned, **sgd)
 
 
 def _batches(data, size: int, seed: int):
@@ -175,7 +180,7 @@ def _step(method: str, opt, model, x, y) -> None:
         loss.backward()
         return loss
 
-    if method in ONE_PASS:
+    if method.partition("@")[0] in ONE_PASS:
         closure()
         opt.step()
     else:
@@ -208,8 +213,8 @@ def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
     """One training run: test accuracy, CPU time per step and final sharpness."""
     model, data, size = _task(task, seed)
     spec = _spec(task, model, data.x_train[:8])
-    opt = _optimizer(method, model, LRS[task][method], data.x_train[:8])
-    steps = budget if method in ONE_PASS else budget // 2
+    opt = _optimizer(method, model, _lr(task, method), data.x_train[:8])
+    steps = budget if method.partition("@")[0] in ONE_PASS else budget // 2
     batches = _batches(data, size, seed)
     model.train()
     start = time.process_time()
@@ -240,7 +245,7 @@ def _row(name: str, rows: list[dict], base_time: float) -> str:
     )
 
 
-def benchmark_table(tasks, methods, seeds: int, budget: int) -> None:
+def benchmark_table(tasks, methods, seeds: int, budget: int, teleport=(False, True)) -> None:
     """Print one markdown table per task (module docstring); SGD first, the time base."""
     for task in tasks:
         print(f"\n### {task}: {seeds} seeds, {budget} gradient evaluations per run\n")
@@ -248,9 +253,9 @@ def benchmark_table(tasks, methods, seeds: int, budget: int) -> None:
         print("|---|---|---|---|" + "---|" * len(MEASURES))
         base = statistics.median(run(task, "sgd", False, s, budget)["time"] for s in range(seeds))
         for method in methods:
-            for tp in (False, True):
+            for tp in teleport:
                 rows = [run(task, method, tp, s, budget) for s in range(seeds)]
-                name = f"{method}{'+tp' if tp else ''} | {LRS[task][method]:g}"
+                name = f"{method}{'+tp' if tp else ''} | {_lr(task, method):g}"
                 print(_row(name, rows, base), flush=True)
 
 
@@ -433,6 +438,7 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--quick", action="store_true", help="1 seed, budget 40: a smoke run")
+    parser.add_argument("--no-teleport", action="store_true", help="skip the +tp rows")
     parser.add_argument("--grid", action="store_true", help="the robustness grid only")
     parser.add_argument("--pothole", action="store_true", help="the two-scale quadratic only")
     parser.add_argument("--reference", action="store_true", help="learned U vs exact optima")
@@ -450,7 +456,9 @@ def main() -> None:
     else:
         if args.quick:
             args.seeds, args.budget = 1, 40
-        benchmark_table(args.tasks.split(","), args.methods.split(","), args.seeds, args.budget)
+        teleport = (False,) if args.no_teleport else (False, True)
+        tasks, methods = args.tasks.split(","), args.methods.split(",")
+        benchmark_table(tasks, methods, args.seeds, args.budget, teleport)
 
 
 if __name__ == "__main__":
