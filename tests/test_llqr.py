@@ -287,3 +287,20 @@ def test_unflatten_inverts_flatten():
     back = unflatten(flatten(table, ["a", "b"]), {n: t.shape for n, t in table.items()})
     for n in table:
         torch.testing.assert_close(back[n], table[n])
+
+
+@pytest.mark.parametrize("structure", ["fisher-diagonal", "fisher-kfac"])
+def test_fisher_refresh_on_diverged_weights_keeps_the_current_u(structure):
+    torch.manual_seed(0)
+    model = MLP(5, [4], 3).double()
+    x, y = torch.randn(32, 5, dtype=torch.float64), torch.randint(0, 3, (32,))
+    opt = LLQR(model, preconditioner=structure, refresh=1, lr=0.1)
+    _loader(model, x, y, 1, opt, False)
+    g = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    before = opt.preconditioner.apply(g)
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    _loader(model, x, y, 1, opt, False)  # the refresh is skipped, not a sampling error
+    assert opt.preconditioner.refreshes == 1
+    for n in g:
+        torch.testing.assert_close(opt.preconditioner.apply(g)[n], before[n])
