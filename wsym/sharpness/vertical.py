@@ -107,6 +107,7 @@ class Horizontal:
         self._reduced_layout = None
         self._schur = None
         self.exact = True  # the Schur complement where it applies, else conjugate gradients
+        self._keep_commutes = self._keeps_rows()
         self._precompute()
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
@@ -274,14 +275,34 @@ class Horizontal:
         return out
 
     # -- the projection -------------------------------------------------------------
-    def project(self, xi: list[Tensor]) -> list[Tensor]:
-        """The horizontal part of ``xi`` (tangent layout)."""
+    def project(self, xi: list[Tensor], covector: list[Tensor] | None = None) -> list[Tensor]:
+        """The horizontal part of ``xi`` (tangent layout).
+
+        ``covector``: ``M xi`` where the caller has it (a Riemannian gradient's is the
+        Euclidean gradient), which saves applying the metric.
+        """
         v = self._flat(xi)
         if self.keep is not None:
             v = v * self.keep
         if self.active:
-            v = v - self.apply(self.solve(self.adjoint(self.lower(v))))
+            if covector is None or not self._keep_commutes:
+                y = self.lower(v)
+            else:  # the zeroed entries are whole block rows, so M commutes with zeroing
+                y = self._flat(covector)
+                y = y if self.keep is None else y * self.keep
+            v = v - self.apply(self.solve(self.adjoint(y)))
         return self._unflat(v)
+
+    def _keeps_rows(self) -> bool:
+        """Whether :attr:`keep` zeroes whole rows of the blocks (then it commutes with M)."""
+        if self.keep is None:
+            return True
+        for s, views in enumerate(self._views):
+            for view, factor in zip(views, self.stacks[s], strict=True):
+                k = self.keep[view].view(factor.shape)
+                if not bool((k == k[..., :1]).all()):
+                    return False
+        return True
 
     def solve(self, b: Coefficients) -> Coefficients:
         """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones."""
