@@ -145,9 +145,11 @@ def test_exp_is_a_one_parameter_subgroup(detected, name, seed, s):
         a = 0.5 * torch.randn(g.shape, generator=gen, dtype=torch.float64)
         whole = g.exp((s + 0.25) * a)
         parts = g.kind.compose(g.group, g.exp(s * a), g.exp(0.25 * a))
-        assert torch.allclose(whole, parts, rtol=1e-10, atol=1e-12), g.group.kind
+        # exponentials of O(1) matrices: round-off reaches ~1e-11 on zero entries
+        tol = 1e-10 * max(1.0, float(whole.abs().max()))
+        assert torch.allclose(whole, parts, rtol=1e-10, atol=tol), g.group.kind
         assert torch.allclose(
-            g.kind.compose(g.group, g.exp(a), g.exp(-a)), g.exp(0 * a), atol=1e-12
+            g.kind.compose(g.group, g.exp(a), g.exp(-a)), g.exp(0 * a), atol=tol
         ), g.group.kind
 
 
