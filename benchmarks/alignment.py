@@ -55,7 +55,9 @@ import copy
 import json
 import statistics
 import sys
+import time
 import warnings
+from pathlib import Path
 from time import perf_counter
 
 import torch
@@ -67,7 +69,7 @@ from wsym.align import weight_matching
 from wsym.connectivity import Curve
 from wsym.data import load
 from wsym.merge import reset_batchnorm_stats
-from wsym.reference import MLP, CNN1d, TinyTransformer
+from wsym.reference import MLP, Block, CNN1d, TinyTransformer
 from wsym.train import evaluate, train
 
 STEPS = 11
@@ -75,6 +77,59 @@ EPOCHS_LARGE = 10
 SEEDS = (0, 1)
 SGD = {"lr": 0.05, "optimizer": "sgd", "batch_size": 128}
 ADAM = {"lr": 3e-3, "optimizer": "adam", "batch_size": 128}
+
+
+class ViT(torch.nn.Module):
+    """A small ViT: 2x2 patches of an image, class token, positions, pre-LN blocks, LN head.
+
+    Example:
+        >>> ViT()(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, dim: int = 32, heads: int = 4, depth: int = 2, hidden: int = 64):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(1, dim, 2, stride=2)
+        self.cls = torch.nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = torch.nn.Parameter(torch.randn(17, dim) * 0.02)
+        self.blocks = torch.nn.ModuleList(Block(dim, heads, hidden) for _ in range(depth))
+        self.norm = torch.nn.LayerNorm(dim)
+        self.head = torch.nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for images ``(B, 1, 8, 8)``."""
+        h = self.patch(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1) + self.pos
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h)[:, 0])
+
+
+def trained_pair(cfg: dict, cache: Path):
+    """``(model_a, model_b, data, training results)``, trained once, then from the cache.
+
+    State dicts are cached with ``torch.save`` and read with ``weights_only=True``.
+    """
+    data = load(cfg["data"])
+    models, results = [], []
+    for seed in SEEDS:
+        torch.manual_seed(seed)
+        model = cfg["make"]()
+        tag = "-".join(f"{k}{v}" for k, v in sorted(cfg["train"].items()))
+        path = cache / f"{cfg['name']}-{tag}-{seed}.pt"
+        if path.exists():
+            saved = torch.load(path, weights_only=True)
+            model.load_state_dict(saved["state_dict"])
+            result = saved["result"]
+        else:
+            start = time.process_time()
+            result = train(model, data, seed=seed, **cfg["train"])
+            result["train_seconds"] = time.process_time() - start
+            cache.mkdir(parents=True, exist_ok=True)
+            torch.save({"state_dict": model.state_dict(), "result": result}, path)
+        models.append(model.eval())
+        results.append(result)
+    return models[0], models[1], data, results
 
 
 def configs(quick: bool) -> list[dict]:
@@ -107,6 +162,9 @@ def configs(quick: bool) -> list[dict]:
             "data": "mnist1d-seq",
             "train": ADAM | {"epochs": epochs},
         }
+    )
+    out.append(
+        {"name": "vit", "make": ViT, "data": "digits", "train": ADAM | {"epochs": 3 * epochs}}
     )
     return out
 
