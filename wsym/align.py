@@ -1,25 +1,32 @@
 """Alignment: move one checkpoint onto another's basis, modulo the detected symmetries.
 
-Both state dicts are first canonicalized in every group but permutations
-(scales balanced, GL blocks factored, signs and column signs fixed), so that
-matching compares like with like. Permutations are then matched
+The default (``continuous="reference"``) minimizes the weight-matching
+objective ``sum_k ||g . other_k - ref_k||^2`` over the whole group, by rounds
+of block coordinate descent (derivations in ``docs/alignment.md``):
 
-* by **weights**: coordinate descent over all permutation classes at once
-  (Git Re-Basin's weight matching): each class solves a linear assignment
-  between the units' slices in every tensor the class touches, with the other
-  classes' current permutations applied, until no class moves;
-* by **activations**: per class, the correlation of its units' activations at a
-  traced site over a few batches, solved by linear assignment; classes without
-  a site fall back to weight matching.
+* **permutations**, by **weights**: coordinate descent over all permutation
+  classes at once (Git Re-Basin's weight matching): each class solves a linear
+  assignment between the units' slices in every tensor the class touches,
+  signs and head rotations maximized inside the pairing score
+  (:mod:`wsym.matching`); or by **activations**: per class, the correlation of
+  its units' activations at every traced site over a few batches, solved by
+  linear assignment; classes without a site fall back to weight matching;
+* **continuous groups fitted to the reference** (:mod:`wsym.continuous`):
+  per-unit scales from the quartic's best root, orthogonal Procrustes, the GL
+  element per head on both factors, translations exactly.
 
-Heads are units of their permutation class, so they are matched as blocks; a
-residual-stream permutation moves every tensor of the stream. GL/orthogonal
-blocks (query/key, value/output per head), balanced by canonicalization, are
-then rotated onto the reference's by orthogonal Procrustes. The result is
-expressed in the reference's own basis (its canonicalization is undone).
+Both checkpoints have their sign conventions fixed first; raw scales are kept
+(matching independently balanced scales made the BatchNorm CNN worse), unless
+a checkpoint is far from balanced (``IMBALANCE``), where the canonical start
+is taken. ``continuous="canonical"`` is the previous method: both checkpoints
+canonicalized in every group but permutations, matched once, GL blocks
+rotated onto the reference's by Procrustes, and the result expressed in the
+reference's own basis.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -36,6 +43,7 @@ from wsym.matching import procrustes, weight_matching
 # two different networks need not agree unit by unit, so weight matching also matches signs
 # (signed units).
 NO_PERMUTATION = kinds_where(permutes=False)
+SIGNS = kinds_where(flips=True)
 # Balancing sweeps stop when a sweep moves less than this (canonical forms then agree to about
 # 1e-11 relative, far below what the matching scores resolve; 15-20% fewer sweeps than the
 # 1e-12 of wsym.canonicalize). Each checkpoint only moves inside its orbit, whatever the tol.
@@ -45,6 +53,12 @@ CANON_TOL = 1e-10
 # drop, the second <0.5%, a third <1e-6).
 ROUND_TOL = 1e-4
 CONTINUOUS = ("reference", "canonical", "canonical+reference")
+# continuous="reference" matches raw weights where both checkpoints are near their balanced
+# point: every unit within this factor (log) of its balanced scale, every GL block's balancing
+# element within this square-rooted condition number. Trained pairs of benchmarks/alignment.py
+# stay within e^1.3; a copy moved by scales in 1e-2..1e2 is past e^4, where raw weight
+# matching pairs the wrong units and the canonical start is taken instead.
+IMBALANCE = math.log(10.0)
 
 
 def align(
@@ -66,7 +80,9 @@ def align(
         sd_other: the state dict to move.
         spec: the :class:`~wsym.spec.SymmetrySpec`.
         method: ``"weights"`` or ``"activations"`` (needs ``model`` and ``batches``).
-        continuous: ``"reference"`` (default): from the raw weights, the
+        continuous: ``"reference"`` (default): from the raw weights (from the
+            canonical alignment where a checkpoint is far from balanced, see
+            ``IMBALANCE``), the
             permutations matched and the continuous groups fitted to
             ``sd_ref`` (:mod:`wsym.continuous`), alternately, until the
             weight-matching objective stops dropping; ``"canonical"``: both
@@ -102,8 +118,15 @@ def align(
         )
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
+    if continuous == "reference" and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE:
+        continuous = "canonical+reference"
     if continuous == "reference":
-        moved = reference_alignment(spec, _float64(sd_ref), _float64(sd_other), method, **options)
+        # Sign conventions first (an isometry: the objective is the same in either basis), so
+        # that copies differing by sign flips start matched; scales stay as they are.
+        ref, g_ref = canonical_element(sd_ref, spec, kinds=SIGNS)
+        other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
+        moved = reference_alignment(spec, ref, other, method, **options)
+        moved = act(spec, g_ref.inverse(), moved)
     else:
         moved = _canonical_alignment(spec, sd_ref, sd_other, method, **options)
         if continuous == "canonical+reference":
@@ -168,6 +191,26 @@ def _canonical_alignment(
     aligned = act(spec, GroupElement(tuple(perms)), other)
     aligned = act(spec, GroupElement(tuple(procrustes(spec, ref, aligned))), aligned)
     return act(spec, g_ref.inverse(), aligned)
+
+
+def imbalance(spec: SymmetrySpec, sd: dict) -> float:
+    """How far ``sd`` is from its balanced point: the largest ``|log s|`` of one balancing step.
+
+    Per scaling unit, ``|log s|`` of the scale that would balance it; per GL
+    block, half the log condition number of its balancing element.
+    """
+    from wsym.canon import _continuous
+
+    sd = _float64(sd)
+    out = 0.0
+    for i, g in enumerate(spec.groups):
+        kind = kind_of(g)
+        if kind.diagonal and kind.continuous:
+            out = max(out, _continuous(spec, sd, i)[1])
+        elif kind.matrix and not kind.self_dual:
+            m, _ = _continuous(spec, sd, i)
+            out = max(out, 0.5 * float(torch.linalg.cond(m).log().max()))
+    return out
 
 
 def _float64(sd: dict) -> dict:

@@ -80,7 +80,7 @@ def interpolate(
     loss_fn,
     steps: int = 11,
     *,
-    repair: bool = False,
+    repair: bool | str = False,
     repair_batches=None,
 ) -> Curve:
     """Evaluate ``model`` at ``steps`` points of the segment from ``sd_a`` to ``sd_b``.
@@ -94,7 +94,8 @@ def interpolate(
         steps: number of points, endpoints included.
         repair: at every point, REPAIR (:mod:`wsym.repair`): BatchNorm
             statistics recomputed, other units' pre-activation mean and std
-            set to the interpolation of the endpoints'.
+            set to the interpolation of the endpoints'; ``"batchnorm"``: only
+            the BatchNorm statistics recomputed.
         repair_batches: batches to measure the statistics on (default ``batches``).
     """
     batches = list(batches)
@@ -103,7 +104,8 @@ def interpolate(
     if repair:
         from wsym.repair import Repair
 
-        fix = Repair(model, [sd_a, sd_b], batches if repair_batches is None else repair_batches)
+        on = batches if repair_batches is None else repair_batches
+        fix = Repair(model, [sd_a, sd_b], on, units=repair != "batchnorm")
     losses, accuracies = [], []
     for a in alphas:
         sd = {

@@ -33,6 +33,7 @@ import torch
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.kinds.translation import mask
+from wsym.group.layout import class_params
 from wsym.group.spec import SymmetrySpec
 from wsym.group.units import block_matrices, unit_matrix, unit_sums
 
@@ -91,13 +92,19 @@ def fit_continuous(
             if step is None:
                 continue
             moved = act(spec, GroupElement(((i, step),)), current)
-            after = mismatch(spec, ref, moved)
-            if after < value:
-                current, value = moved, after
+            keys = [k for k in moved if moved[k] is not current.get(k)]
+            before, after = _partial(spec, ref, current, keys), _partial(spec, ref, moved, keys)
+            if after < before:
+                current, value = moved, value - before + after
                 comps.append((i, step))
         if start - value <= tol * max(start, 1e-300):
             break
     return comps
+
+
+def _partial(spec: SymmetrySpec, ref: dict, sd: dict, keys) -> float:
+    """The terms of :func:`mismatch` on ``keys`` only (what one group's step changes)."""
+    return mismatch(spec, {k: ref[k] for k in keys if k in ref}, sd)
 
 
 def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
@@ -188,7 +195,7 @@ def _positive_real_roots(monic: torch.Tensor) -> torch.Tensor:
 
 def _unit_mismatch(spec: SymmetrySpec, cls: int, ref: dict, cur: dict) -> torch.Tensor:
     """Per unit of class ``cls``, the squared distance of its entries (parameters only)."""
-    diff = {k: cur[k] - ref[k] for k in cur if k in ref and cur[k].is_floating_point()}
+    diff = {k: cur[k] - ref[k] for k in class_params(spec, cls)}
     return unit_matrix(spec, diff, cls).pow(2).sum(1)
 
 

@@ -49,6 +49,7 @@ class Repair:
         model: the module whose state dicts these are (not modified).
         endpoints: the endpoint state dicts (e.g. ``[sd_a, sd_b]``, aligned).
         batches: iterable of ``(inputs, targets)`` to measure statistics on.
+        units: correct the units (else only BatchNorm statistics are recomputed).
 
     Example:
         >>> import torch
@@ -60,10 +61,10 @@ class Repair:
         True
     """
 
-    def __init__(self, model: nn.Module, endpoints: list[dict], batches):
+    def __init__(self, model: nn.Module, endpoints: list[dict], batches, units: bool = True):
         self.model = copy.deepcopy(model).double().eval()
         self.batches = list(batches)
-        self.points = correction_points(self.model, self.batches[0][0])
+        self.points = correction_points(self.model, self.batches[0][0]) if units else []
         self.stats = [self._statistics(sd, self.points) for sd in endpoints]
 
     def __call__(self, state_dict: dict, weights) -> dict:
