@@ -9,8 +9,8 @@ Run from the repository root (``rebasin`` must be installed)::
 The pairs are those of ``benchmarks/alignment.py`` (same models, data, seeds
 and training), trained once and cached as ``torch.save`` state dicts (read
 back with ``weights_only=True``) under ``--cache`` (default
-``.cache/alignment``, shared with ``benchmarks/alignment.py``). Per pair it prints the least wall and CPU seconds over
-the repeats (one torch thread) of ``wsym.align`` (weights, spec given) and of
+``.cache/alignment``, shared with ``benchmarks/alignment.py``). Per pair it
+prints the least wall and CPU seconds over the repeats (one torch thread) of ``wsym.align`` (weights, spec given) and of
 rebasin's whole use on the two models (tracing and coordinate descent), their
 ratios, the machine's load average, and the loss barrier (train split, 11
 points) of both aligned models. On a shared machine CPU seconds are the
@@ -49,14 +49,13 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment import SEEDS, bn_reset_curves, configs, has_batchnorm, rebasin_align  # noqa: E402
+from alignment import bn_reset_curves, configs, has_batchnorm, rebasin_align  # noqa: E402
 from alignment import trained_pair as shared_pair  # noqa: E402
 
 import wsym  # noqa: E402
 import wsym.assignment  # noqa: E402
 from wsym.align import CANON_TOL, NO_PERMUTATION  # noqa: E402
 from wsym.canon import canonical_element  # noqa: E402
-from wsym.data import load  # noqa: E402
 
 
 def trained_pair(cfg: dict, cache: Path):

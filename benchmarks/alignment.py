@@ -293,8 +293,14 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
             m[split] = wsym.interpolate(model_a, sd_a, sd, batches, F.cross_entropy, STEPS)
             if repair:
                 m[f"{split} repair"] = wsym.interpolate(
-                    model_a, sd_a, sd, batches, F.cross_entropy, STEPS,
-                    repair=True, repair_batches=stat_batches,
+                    model_a,
+                    sd_a,
+                    sd,
+                    batches,
+                    F.cross_entropy,
+                    STEPS,
+                    repair=True,
+                    repair_batches=stat_batches,
                 )
         return m
 
@@ -304,8 +310,14 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
         for seed in range(orders if name != "wsym activations" else 1):
             start = time.process_time()
             sd = wsym.align(
-                sd_a, sd_b, spec, kw["method"], continuous=kw["continuous"],
-                model=model_a, batches=stat_batches, seed=seed,
+                sd_a,
+                sd_b,
+                spec,
+                kw["method"],
+                continuous=kw["continuous"],
+                model=model_a,
+                batches=stat_batches,
+                seed=seed,
             )
             runs.append(measure(sd, time.process_time() - start, repair=name == "wsym"))
         methods[name] = runs
@@ -409,7 +421,7 @@ def report(results: list[dict], orders: int) -> None:
         " wsym canonical: continuous='canonical' (the previous default);"
         "\nwsym activations: one order. REPAIR / BN statistics reset at every point of the path"
         " on 4 train batches of 256.\nwsym s, rebasin s: median CPU seconds of one alignment"
-        f" (spec given; rebasin traces the pair itself); wsym.detect: see below."
+        " (spec given; rebasin traces the pair itself); wsym.detect: see below."
     )
     print("\nFinal models (seed 0 / seed 1): train accuracy, test accuracy, training CPU seconds")
     for res in results:

@@ -21,7 +21,9 @@ def batches(shape, n=3, seed=0):
 def planted(sd, key, scale, shift):
     """``sd`` with the unit outputs of layer ``key`` mapped by ``scale z + shift``."""
     out = dict(sd)
-    out[f"{key}.weight"] = sd[f"{key}.weight"] * scale.reshape(-1, *[1] * (sd[f"{key}.weight"].ndim - 1))
+    out[f"{key}.weight"] = sd[f"{key}.weight"] * scale.reshape(
+        -1, *[1] * (sd[f"{key}.weight"].ndim - 1)
+    )
     out[f"{key}.bias"] = sd[f"{key}.bias"] * scale + shift
     return out
 
@@ -50,10 +52,17 @@ def test_repair_sets_the_interpolated_statistics_of_two_endpoints():
     net = MLP(5, [7], 3).double()
     sd_a = double(net.state_dict())
     gen = torch.Generator().manual_seed(2)
-    sd_b = planted(sd_a, "0", torch.rand(7, generator=gen, dtype=torch.float64) + 0.5, torch.randn(7, generator=gen, dtype=torch.float64))
+    sd_b = planted(
+        sd_a,
+        "0",
+        torch.rand(7, generator=gen, dtype=torch.float64) + 0.5,
+        torch.randn(7, generator=gen, dtype=torch.float64),
+    )
     data = batches((64, 5))
     merged = {k: (sd_a[k] + sd_b[k]) / 2 for k in sd_a}
-    merged = planted(merged, "0", torch.full((7,), 0.1, dtype=torch.float64), torch.zeros(7, dtype=torch.float64))
+    merged = planted(
+        merged, "0", torch.full((7,), 0.1, dtype=torch.float64), torch.zeros(7, dtype=torch.float64)
+    )
     fixed = Repair(net, [sd_a, sd_b], data)(merged, [0.25, 0.75])
     stats = [unit_statistics(net, sd, data, ["0"])["0"] for sd in (sd_a, sd_b, fixed)]
     for i in range(2):

@@ -118,7 +118,10 @@ def align(
         )
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
-    if continuous == "reference" and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE:
+    if (
+        continuous == "reference"
+        and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE
+    ):
         continuous = "canonical+reference"
     if continuous == "reference":
         # Sign conventions first (an isometry: the objective is the same in either basis), so

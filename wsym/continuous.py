@@ -133,7 +133,10 @@ def _fit_scales(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
     s = best_scales(squares, inner)
     if g.corrections:  # the BatchNorm weight's factor is outside the polynomial: check per unit
         moved = act(spec, GroupElement(((i, s),)), cur)
-        before, after = _unit_mismatch(spec, g.cls, ref, cur), _unit_mismatch(spec, g.cls, ref, moved)
+        before, after = (
+            _unit_mismatch(spec, g.cls, ref, cur),
+            _unit_mismatch(spec, g.cls, ref, moved),
+        )
         s = torch.where(after < before, s, torch.ones_like(s))
     return s if float((s - 1).abs().max()) > 0 else None
 

@@ -93,9 +93,7 @@ def merge(
     ref = state_dicts[reference]
 
     def aligned_to(target, sd):
-        return align(
-            target, sd, spec, method, continuous=continuous, model=model, batches=batches
-        )
+        return align(target, sd, spec, method, continuous=continuous, model=model, batches=batches)
 
     aligned = [sd if i == reference else aligned_to(ref, sd) for i, sd in enumerate(state_dicts)]
     history = [_spread(spec, aligned)]
@@ -124,9 +122,7 @@ def merge(
     if loss_fn is not None and model is not None and batches is not None:
         from wsym.connectivity import interpolate
 
-        barriers = tuple(
-            interpolate(model, sd, merged, batches, loss_fn).barrier for sd in aligned
-        )
+        barriers = tuple(interpolate(model, sd, merged, batches, loss_fn).barrier for sd in aligned)
     return merged, MergeReport(tuple(aligned), done, tuple(history), barriers)
 
 

@@ -69,7 +69,9 @@ class Repair:
 
     def __call__(self, state_dict: dict, weights) -> dict:
         """``state_dict`` repaired towards ``sum_i weights[i] * statistics of endpoint i``."""
-        work = {k: v.detach().double() if v.is_floating_point() else v for k, v in state_dict.items()}
+        work = {
+            k: v.detach().double() if v.is_floating_point() else v for k, v in state_dict.items()
+        }
         has_bn = any(isinstance(m, BATCHNORM) for m in self.model.modules())
         if has_bn:
             work = _reset_batchnorm(self.model, work, self.batches)
@@ -127,9 +129,7 @@ def correction_points(model: nn.Module, inputs) -> list[str]:
     return [
         n
         for n in order
-        if calls[n] == 1
-        and outputs[n] is not out
-        and not any(outputs[n] is x for x in bn_inputs)
+        if calls[n] == 1 and outputs[n] is not out and not any(outputs[n] is x for x in bn_inputs)
     ]
 
 
@@ -140,7 +140,9 @@ def unit_statistics(model: nn.Module, state_dict: dict, batches, names) -> dict:
     axis; every other axis counts as samples.
     """
     net = copy.deepcopy(model).double().eval()
-    net.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in state_dict.items()})
+    net.load_state_dict(
+        {k: v.double() if v.is_floating_point() else v for k, v in state_dict.items()}
+    )
     modules = dict(net.named_modules())
     sums: dict[str, list] = {n: [0, 0, 0] for n in names}
 

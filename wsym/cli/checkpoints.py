@@ -106,6 +106,7 @@ def add_commands(commands: Any) -> None:
     )
     barrier.add_argument("--steps", type=int, default=11, help="points on the path (default 11)")
     _add_statistics(barrier, "every point of the path (on the train split)")
+    _add_continuous(barrier)
     add_data_options(
         barrier, "test", "to evaluate the loss on (activations match on train)", required=True
     )
@@ -168,7 +169,6 @@ def run_canon(args: argparse.Namespace) -> int:
 
 def run_align(args: argparse.Namespace) -> int:
     """``wsym align``: OTHER moved onto REF's basis; prints the distance before and after."""
-    import wsym
     from wsym.io import save_state_dict
 
     out = check_state_dict_out(args.out)
@@ -176,17 +176,7 @@ def run_align(args: argparse.Namespace) -> int:
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
-    model = _scratch(job.model, args.method)
-    aligned = wsym.align(
-        ref,
-        other,
-        job.spec,
-        args.method,
-        continuous=args.continuous,
-        model=model,
-        batches=data,
-        seed=args.seed,
-    )
+    aligned = _align(job, ref, other, args.method, data, args)
     save_state_dict(aligned, out)
     before, after = l2_distance(ref, other), l2_distance(ref, aligned)
     report = {
@@ -249,8 +239,6 @@ def run_merge(args: argparse.Namespace) -> int:
 
 def run_barrier(args: argparse.Namespace) -> int:
     """``wsym barrier``: loss and accuracy along A -> B, naive and with B aligned to A."""
-    import wsym
-
     out = check_out_dir(args.out)
     if args.steps < 2:
         raise WsymInputError(f"--steps must be at least 2 (both endpoints), got {args.steps}")
@@ -259,17 +247,7 @@ def run_barrier(args: argparse.Namespace) -> int:
     curves = {"naive": _curve(job, sd_a, sd_b, args)}
     if args.align != "none":
         matching = matching_batches(job.data, "train", args.batch_size)
-        model = _scratch(job.model, args.align)
-        aligned = wsym.align(
-            sd_a,
-            sd_b,
-            job.spec,
-            args.align,
-            continuous=args.continuous,
-            model=model,
-            batches=matching,
-            seed=args.seed,
-        )
+        aligned = _align(job, sd_a, sd_b, args.align, matching, args)
         curves["aligned"] = _curve(job, sd_a, aligned, args)
     report = _barrier_report(args, curves)
     title = f"{Path(args.a).name} -> {Path(args.b).name} ({args.data} {args.split})"
@@ -290,6 +268,23 @@ def run_barrier(args: argparse.Namespace) -> int:
     ]
     _print(args, report, "\n".join(lines))
     return EXIT_OK
+
+
+def _align(job: Any, ref: dict, other: dict, method: str, data, args: argparse.Namespace) -> dict:
+    """``other`` aligned to ``ref`` by ``method`` with the command's ``--continuous`` and seed."""
+    import wsym
+
+    model = _scratch(job.model, method)
+    return wsym.align(
+        ref,
+        other,
+        job.spec,
+        method,
+        continuous=args.continuous,
+        model=model,
+        batches=data,
+        seed=args.seed,
+    )
 
 
 def _curve(job: Any, sd_a: dict, sd_b: dict, args: argparse.Namespace) -> Any:
