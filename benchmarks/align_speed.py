@@ -10,7 +10,8 @@ The pairs are those of ``benchmarks/alignment.py`` (same models, data, seeds
 and training), trained once and cached as ``torch.save`` state dicts (read
 back with ``weights_only=True``) under ``--cache`` (default
 ``.cache/alignment``, shared with ``benchmarks/alignment.py``). Per pair it
-prints the least wall and CPU seconds over the repeats (one torch thread) of ``wsym.align`` (weights, spec given) and of
+prints the least wall and CPU seconds over the repeats (one torch thread) of
+``wsym.align`` (weights, spec given) and of
 rebasin's whole use on the two models (tracing and coordinate descent), their
 ratios, the machine's load average, and the loss barrier (train split, 11
 points) of both aligned models. On a shared machine CPU seconds are the
