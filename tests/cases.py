@@ -6,12 +6,15 @@ reported group is also checked numerically by the tests that use this registry.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten
 
 import wsym
 from wsym.reference import MLP, ResidualCNN, TinyTransformer
@@ -25,6 +28,19 @@ class Case:
     expected: dict
     slow: bool = False
     tol: float = 1e-8  # relative output change allowed when acting in float64
+
+
+class DataDependentClamp(nn.Module):
+    """The issue's example: a clamp that only fires on large activations (export fails)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h.clamp(-10, 10) if h.abs().max() > 10 else h
+        return self.b(torch.relu(h))
 
 
 class SwiGLU(nn.Module):
@@ -282,7 +298,7 @@ CASES = [
     # whole groups permute (S_3) and channels within a group (S_2); the 1x1 conv and the
     # linear layer after the flatten form a GL pair
     Case(
-        "group-norm", _group_norm_net, lambda: torch.randn(2, 2, 5, 5), {"permutation": 2, "gl": 1}
+        "group-norm", _group_norm_net, lambda: torch.randn(2, 2, 5, 5), {"permutation": 3, "gl": 1}
     ),
     Case("radial", Radial, lambda: torch.randn(3, 4), {"orthogonal": 1}),
     Case("rmsnorm-residual", RMSResidual, lambda: torch.randn(3, 3), {"orthogonal": 1}),
@@ -357,6 +373,45 @@ def fit_scaled_mlps(sds: list, y, **kwargs):
 
 
 # -- stock models for the invariant measures (random weights, float64, eval mode) --------
+
+
+def _flat_outputs(model, state, inputs):
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
+    with torch.no_grad():
+        out = functional_call(model, state, args, kwargs, tie_weights=False)
+    leaves = [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]
+    return torch.cat([t.reshape(-1) for t in leaves])
+
+
+def independent_deviation(model, x, spec, seeds=(0,), fresh_seed=5) -> float:
+    """Worst relative output change, independently of ``wsym.verify``.
+
+    Acts with ``spec.sample(seed, scale=(0.1, 10))`` and compares float64
+    outputs (every output tensor) on ``x`` (a Tensor, or a dict of keyword
+    inputs), on fresh inputs and on those x20 (float inputs; token ids are kept).
+    """
+    m64 = copy.deepcopy(model).double().eval()
+    sd = m64.state_dict()
+    gen = torch.Generator().manual_seed(fresh_seed)
+
+    def inputs(factor):
+        def one(t):
+            if not t.is_floating_point():
+                return t
+            if factor is None:
+                return t.double()
+            return factor * torch.randn(t.shape, generator=gen, dtype=torch.float64)
+
+        return {k: one(v) for k, v in x.items()} if isinstance(x, dict) else one(x)
+
+    worst = 0.0
+    for seed in seeds:
+        moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10)), sd)
+        gen.manual_seed(fresh_seed)
+        for xx in (inputs(None), inputs(1.0), inputs(20.0)):
+            y0, y1 = _flat_outputs(m64, sd, xx), _flat_outputs(m64, moved, xx)
+            worst = max(worst, float((y1 - y0).abs().max() / y0.abs().max()))
+    return worst
 
 
 def stock_output(o):

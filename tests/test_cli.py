@@ -308,3 +308,19 @@ def test_tour_real(capsys):
     code, out, err = run(capsys, "tour")
     assert code == 0, err
     assert out.count("== ") == len(cli.TOUR_CASES)
+
+
+@pytest.mark.parametrize("debug", [[], ["--debug"]])
+def test_torch_reports_reach_stderr_only_with_debug(capsys, monkeypatch, debug):
+    """Detection logs torch.export's report (FX graph dumps) at DEBUG; --debug shows it."""
+    import logging
+
+    def detect(model, inputs):
+        logging.getLogger("wsym.graph").debug("torch.export wrote:\nGRAPH DUMP")
+        return FakeSpec(model, inputs)
+
+    monkeypatch.setattr(wsym, "detect", detect, raising=False)
+    code, _, err = run(capsys, *debug, "detect", *LINEAR, "--input", "2,4")
+    assert code == 0
+    assert ("GRAPH DUMP" in err) == bool(debug)
+    assert logging.getLogger("wsym").level == logging.NOTSET  # restored after the run

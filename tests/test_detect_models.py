@@ -5,38 +5,17 @@ outputs on the example inputs, fresh inputs and fresh inputs scaled by 20 (the
 sweep in ``benchmarks/architectures.py`` does the same over ~130 models).
 """
 
-import copy
 import warnings
 
 import pytest
 import torch
+from cases import independent_deviation
 from torch.func import functional_call
-from torch.utils._pytree import tree_flatten
 
 import wsym
 from wsym.errors import SymmetryWarning
 
 torchvision = pytest.importorskip("torchvision")
-
-
-def outputs(model, state, x):
-    with torch.no_grad():
-        out = functional_call(model, state, (x,), tie_weights=False)
-    return torch.cat([t.reshape(-1) for t in tree_flatten(out)[0] if torch.is_tensor(t)])
-
-
-def independent_deviation(model, x, spec, seeds=(0,)) -> float:
-    m64 = copy.deepcopy(model).double().eval()
-    sd = m64.state_dict()
-    gen = torch.Generator().manual_seed(5)
-    fresh = torch.randn(x.shape, generator=gen, dtype=torch.float64)
-    worst = 0.0
-    for seed in seeds:
-        moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10)), sd)
-        for xx in (x.double(), fresh, 20 * fresh):
-            y0, y1 = outputs(m64, sd, xx), outputs(m64, moved, xx)
-            worst = max(worst, float((y1 - y0).abs().max() / y0.abs().max()))
-    return worst
 
 
 def detect(model, x):
@@ -141,3 +120,37 @@ def test_mixtral_with_eager_experts_fails_in_one_line(capfd):
     else:  # a later transformers may dispatch without data-dependent control flow
         assert spec is not None
     assert capfd.readouterr().err.count("\n") <= 2  # no FX graph dump
+
+
+HEADS = [  # the sweep's tiny configs; head permutations pass the relative-position tables
+    ("swin", {"image_size": 32, "patch_size": 4, "embed_dim": 16, "depths": [1, 1],
+              "num_attention_heads": [2, 4], "window_size": 4},
+     {"gl": 4, "permutation": 4, "scaling": 6, "sign": 6, "translation": 2},
+     "relative_position_bias_table", {2, 4}),
+    ("t5", {"d_model": 32, "d_ff": 64, "d_kv": 8, "num_layers": 2, "num_heads": 4,
+            "vocab_size": 100},
+     {"gl": 12, "permutation": 7, "scaling": 14, "sign": 10},
+     "relative_attention_bias", {4}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, config, expected, table, heads", HEADS, ids=[h[0] for h in HEADS])
+def test_swin_and_t5_heads_permute(kind, config, expected, table, heads):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(
+        transformers.AutoConfig.for_model(kind, **config)
+    ).eval()
+    gen = torch.Generator().manual_seed(0)
+    if kind == "swin":
+        x = {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen)}
+    else:
+        ids = torch.randint(3, 100, (2, 8), generator=gen)
+        x = {"input_ids": ids, "decoder_input_ids": ids[:, :5]}
+    spec = detect(model, x)
+    assert spec.kinds() == expected, spec.table()
+    moving = [
+        g for g in spec.groups if g.kind == "permutation" and any(table in p for p in g.params)
+    ]
+    assert {g.size for g in moving} == heads
+    assert independent_deviation(model, x, spec, seeds=(0, 1)) < 1e-11

@@ -1,9 +1,11 @@
 """A symmetry that does not hold must never be reported, nor survive verification."""
 
 import copy
+import warnings
 
 import pytest
 import torch
+from cases import DataDependentClamp
 from torch import nn
 
 import wsym
@@ -94,6 +96,10 @@ def test_layer_norm_eps_blocks_input_rescaling():
     """LayerNorm(s x) != LayerNorm(x) when eps > 0: no scaling of its input is claimed."""
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2))
     spec = wsym.detect(model, torch.randn(3, 4))
+    kinds = {g.kind: g for g in spec.groups}
+    # detection is not empty: the LayerNorm's units permute, its gains scale its output
+    assert kinds["permutation"].size == 6 and "0.weight" in kinds["permutation"].params
+    assert "1.weight" in kinds["scaling"].params
     for g in spec.groups:
         if g.kind == "scaling":
             assert "0.weight" not in g.params
@@ -112,19 +118,6 @@ def test_detect_does_not_modify_the_model():
     wsym.detect(model, torch.randn(2, 4))
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
-
-
-class DataDependentClamp(nn.Module):
-    """The issue's example: a clamp that only fires on large activations (export fails)."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def forward(self, x):
-        h = self.a(x)
-        h = h.clamp(-10, 10) if h.abs().max() > 10 else h
-        return self.b(torch.relu(h))
 
 
 def test_export_fallback_is_verified_on_the_module_and_says_so_in_one_line(capfd):
@@ -155,10 +148,38 @@ def test_debug_logging_keeps_torchs_report(caplog):
     assert any("torch.export failed" in r.getMessage() for r in caplog.records)
 
 
-def test_nan_weights_are_rejected_with_the_tensors_name():
-    model = MLP(4, [5], 3)
+def _entry_points(model, bad, spec, x):
+    """Every public entry point that reads weights, each called on NaN weights."""
+    from wsym.metanet import fit
+
+    batches = [(x, torch.tensor([0, 1]))]
+    loss = torch.nn.functional.cross_entropy
+    good = [MLP(4, [5], 3).state_dict() for _ in range(3)]
+    with warnings.catch_warnings():  # one validation member: its rank correlation is NaN
+        warnings.simplefilter("ignore")
+        predictor = fit(lambda: MLP(4, [5], 3), good, torch.arange(3.0), spec=spec, epochs=1)
+    return {
+        "detect": lambda: wsym.detect(model, x),
+        "canonicalize": lambda: wsym.canonicalize(bad, spec),
+        "align": lambda: wsym.align(bad, good[0], spec),
+        "sharpness": lambda: wsym.sharpness(model, batches, loss, spec=spec),
+        "hessian-trace": lambda: wsym.sharpness(model, batches, loss, measure="hessian-trace"),
+        "teleport": lambda: wsym.teleport(model, spec, batches, loss),
+        "metanet.fit": lambda: fit(
+            lambda: MLP(4, [5], 3), [*good, bad], torch.arange(4.0), spec=spec
+        ),
+        "predict": lambda: predictor.predict([good[0], bad]),
+    }
+
+
+def test_nan_weights_are_rejected_with_the_tensors_name_by_every_entry_point():
+    torch.manual_seed(0)
+    model, x = MLP(4, [5], 3), torch.randn(2, 4)
+    spec = wsym.detect(model, x)
     with torch.no_grad():
         model[2].weight[0, 0] = float("nan")
-    with pytest.raises(WsymInputError, match=r"^2\.weight holds NaN") as err:
-        wsym.detect(model, torch.randn(2, 4))
-    assert "\n" not in str(err.value)
+    bad = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, call in _entry_points(model, bad, spec, x).items():
+        with pytest.raises(WsymInputError, match=r"2\.weight holds NaN") as err:
+            call()
+        assert "\n" not in str(err.value), name

@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from wsym.errors import check_finite
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
 from wsym.group.memo import derived
@@ -59,6 +60,7 @@ def canonicalize(state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float
         >>> all(torch.allclose(a[k], b[k]) for k in a)
         True
     """
+    check_finite(state_dict)  # here, not in canonical_element: optimizers reach it diverged
     canon, _ = canonical_element(state_dict, spec, kinds=kinds, tol=tol)
     return {k: v.to(state_dict[k].dtype) for k, v in canon.items()}
 

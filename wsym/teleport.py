@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from wsym.act import GroupElement, act
 from wsym.curvature.hutchinson import probe_chunks
 from wsym.curvature.objective import as_double, batch_weights, call
-from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.trace import eval_mode
 from wsym.group.kinds import kind_of
 from wsym.spec import SymmetrySpec
@@ -206,10 +206,10 @@ def teleport(
     """
     batches = list(batches)
     _check(objective, steps, lr, tol, batches)
-    if spec is None:
-        from wsym.detect import detect
+    check_finite(model.state_dict())
+    from wsym.detect import spec_or_detect
 
-        spec = detect(model, batches[0][0])
+    spec = spec_or_detect(spec, model, batches[0][0], "wsym.teleport")
     groups = orbit_groups(spec, kinds)
     if not groups:
         raise WsymInputError(

@@ -198,10 +198,16 @@ def float64_probe(model: torch.nn.Module, example_inputs, seed: int = 0) -> Prob
 
 
 def probes(probe: Probe) -> list[Probe]:
-    """``probe`` and, for models with float inputs, the same on inputs scaled by 20 and 1/20."""
+    """``probe`` and, for models with float inputs, the same on inputs scaled by 20 and 1/20.
+
+    ``probe`` itself stands for its own scale (its reference outputs are kept).
+    """
     if not probe.scalable:
         return [probe]
-    return [probe.rescaled(f / probe.input_scale) for f in INPUT_SCALES]
+    return [
+        probe if f == probe.input_scale else probe.rescaled(f / probe.input_scale)
+        for f in INPUT_SCALES
+    ]
 
 
 class _nothing:

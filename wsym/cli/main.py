@@ -8,6 +8,8 @@ or an argparse error), 1 for any other error. Errors print one line on stderr;
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -42,6 +44,7 @@ examples:
       --checkpoint net.safetensors --graph net.graphml
 
 model specs: torchvision:NAME, timm:NAME, hf:MODEL_TYPE, wsym:NAME, package.module:factory_fn
+  (imported from the working directory too), path/to/file.py:factory_fn
 """
 _MAIN_EXAMPLE = """\
 examples:
@@ -117,7 +120,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_INPUT
-    return _run_guarded(args.handler, args, debug=args.debug)
+    if not args.debug:
+        return _run_guarded(args.handler, args, debug=False)
+    with debug_logging():
+        return _run_guarded(args.handler, args, debug=True)
+
+
+@contextlib.contextmanager
+def debug_logging():
+    """``--debug``: the ``wsym`` loggers at DEBUG level on stderr while the command runs.
+
+    Detection then keeps torch's own report of a failed export (guard logs, the
+    partial FX graph), which it otherwise holds back.
+    """
+    logger = logging.getLogger("wsym")
+    handler = logging.StreamHandler(sys.stderr)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _run_guarded(handler: Callable[[argparse.Namespace], int], args: Any, debug: bool) -> int:

@@ -117,7 +117,17 @@ def verify_candidates(
             stacklevel=3,
         )
     keep = [i for i in range(len(groups)) if i not in failed]
-    return _replace(spec, [groups[i] for i in keep], spec.aliases, [devs[i] for i in keep])
+    dropped = tuple(
+        (
+            p,
+            d,
+            f"{groups[i].notation} ({groups[i].kind}) dropped: outputs changed by {devs[i]:.1e}",
+        )
+        for i in sorted(failed)
+        for p, d in spec.axes_of(groups[i])
+    )
+    out = _replace(spec, [groups[i] for i in keep], spec.aliases, [devs[i] for i in keep])
+    return dataclasses.replace(out, notes=spec.notes + dropped)
 
 
 def _replace(spec: SymmetrySpec, groups, aliases, devs) -> SymmetrySpec:

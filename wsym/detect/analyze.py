@@ -8,7 +8,7 @@ import torch
 
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context
-from wsym.detect.rules import RULES
+from wsym.detect.rules import MASKS, RULES
 from wsym.detect.rules.rotary import find_rotary, parameter_free, rotary
 from wsym.graph.trace import Traced
 
@@ -71,6 +71,7 @@ def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
     for node in traced.graph.nodes:
         if node.op == "call_function" and node.name not in live:
             continue  # dead code: nothing it couples matters
+        ctx.op = f"{rule_name(node)} ({node.name})" if node.op == "call_function" else ""
         if node.name in inside:
             continue  # part of a rotary embedding, handled at its final add
         if node.name in rotaries:
@@ -97,6 +98,7 @@ def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
             for src in node.all_input_nodes:
                 for lay in _tensor_layouts(ctx, src):
                     ctx.block(lay, "model output")
+    ctx.op = ""
     for name in traced.buffers:
         if name not in ctx.allowed_buffers:
             for lay in _tensor_layouts(ctx, _node(traced, name)):
@@ -122,7 +124,7 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
     rule = RULES.get(name)
     if rule is None and name.endswith("_") and not _writes_into_input(node):
         rule = RULES.get(name[:-1])  # relu_(x) read as relu(x); see graph.trace
-    if rule is None or not _is_float_op(node):
+    if rule is None or not (_is_float_op(node) or name in MASKS):
         reason = f"operation {name} is not understood" if rule is None else f"integer op {name}"
         if rule is None and not quiet and any(_is_float(s) for s in node.all_input_nodes):
             ctx.warn(f"{name} ({node.name}) is not understood; it blocks symmetries through it")

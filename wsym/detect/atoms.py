@@ -30,6 +30,7 @@ class AtomTable:
     split: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
     blocked: dict[int, str] = field(default_factory=dict)
     breaks: dict[int, set[str]] = field(default_factory=dict)
+    blame: dict[int, dict[str, str]] = field(default_factory=dict)  # root -> {kind: op}
     conflict: set[int] = field(default_factory=set)
     pinned: set[int] = field(default_factory=set)
 
@@ -82,6 +83,10 @@ class AtomTable:
             self.blocked.setdefault(ra, self.blocked.pop(rb))
         if rb in self.breaks:
             self.breaks.setdefault(ra, set()).update(self.breaks.pop(rb))
+        if rb in self.blame:
+            mine = self.blame.setdefault(ra, {})
+            for kind, op in self.blame.pop(rb).items():
+                mine.setdefault(kind, op)
         if rb in self.conflict:
             self.conflict.discard(rb)
             self.conflict.add(ra)
@@ -107,9 +112,17 @@ class AtomTable:
         self.blocked.setdefault(self.root(a), reason)
         self.pinned.add(a)
 
-    def mark(self, a: int, *kinds: str) -> None:
-        """Record that the class of ``a`` cannot carry the continuous ``kinds`` ("gl", "orth")."""
-        self.breaks.setdefault(self.root(a), set()).update(kinds)
+    def mark(self, a: int, *kinds: str, why: str = "") -> None:
+        """Record that the class of ``a`` cannot carry the continuous ``kinds`` ("gl", "orth").
+
+        ``why``: the operation that rules them out (kept, the first per kind, for explanations).
+        """
+        r = self.root(a)
+        self.breaks.setdefault(r, set()).update(kinds)
+        if why:
+            mine = self.blame.setdefault(r, {})
+            for kind in kinds:
+                mine.setdefault(kind, why)
 
     def split_of(self, a: int) -> tuple[str, list[int]] | None:
         """The split of ``a``'s class, if any."""

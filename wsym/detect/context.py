@@ -50,6 +50,8 @@ class Context:
     events: list = field(default_factory=list)
     allowed_buffers: set = field(default_factory=set)
     sub_axes: dict = field(default_factory=dict)
+    op: str = ""  # the operation being read, named in explanations
+    pins: list = field(default_factory=list)  # (system, atom, op): an exponent forced to 0
 
     # -- atoms and layouts -------------------------------------------------
     def new(self, size: int, owner: tuple | None = None, split=None) -> int:
@@ -140,6 +142,8 @@ class Context:
 
     def block_dim(self, dim: Dim, reason: str) -> None:
         """Forbid any action on the atoms of one dimension."""
+        if self.op and self.op.split()[0] not in reason:
+            reason = f"{reason} at {self.op}"
         for f in dim:
             if isinstance(f, Dep):
                 for part in f.parts:
@@ -152,7 +156,7 @@ class Context:
     def mark(self, dim: Dim, *kinds: str) -> None:
         """Record that the continuous ``kinds`` cannot act on the classes of ``dim``."""
         for a in self._atoms_of(dim):
-            self.atoms.mark(a, *kinds)
+            self.atoms.mark(a, *kinds, why=self.op)
 
     def _atoms_of(self, dim: Dim) -> list[int]:
         out = []
@@ -195,8 +199,9 @@ class Context:
                 elif rel == "zero":
                     self.relations.append((system, "lin", (a,), (1,)))
                     self.relations.append((system, "lin", (b,), (1,)))
+                    self.pins.append((system, a, self.op))
             if breaks:
-                self.atoms.mark(a, *breaks)
+                self.atoms.mark(a, *breaks, why=self.op)
 
     def event(self, dims: list[Dim], context: list[Layout]) -> None:
         """Record that ``dims`` are contracted or reduced together, among the ``context`` tensors.
@@ -213,6 +218,8 @@ class Context:
         expanded = [self.expand(self._plain(d)) for d in dims]
         for atoms in zip(*expanded, strict=True):
             self.relations.append((system, "lin", atoms, coefs))
+            if len(atoms) == 1:
+                self.pins.append((system, atoms[0], self.op))
 
     def _plain(self, dim: Dim) -> list[int]:
         if any(isinstance(f, Dep) for f in dim):

@@ -52,64 +52,82 @@ def _collapse(variables, rows, modulus: int | None):
     return rep, zero_reps, reduced
 
 
-def _rref_nullspace(cols, rows, modulus: int | None):
-    """Nullspace basis of ``rows`` (dicts over ``cols``), one vector per free column."""
-    idx = {c: i for i, c in enumerate(cols)}
-    mat = []
-    for row in rows:
-        vec = [Fraction(0)] * len(cols) if not modulus else [0] * len(cols)
-        for k, c in row.items():
-            vec[idx[k]] += c if not modulus else c % modulus
-        mat.append(vec)
-    pivots, r = [], 0
-    for c in range(len(cols)):
-        pr = next(
-            (i for i in range(r, len(mat)) if (mat[i][c] % modulus if modulus else mat[i][c])), None
+def rref(rows, order, modulus: int | None) -> dict:
+    """Reduced row echelon form of sparse ``rows`` (dicts), columns ranked by ``order``.
+
+    Returns ``{pivot column: row}`` with ``row[pivot] == 1`` and every row zero in
+    the other pivot columns: the unique RREF, built one row at a time and touching
+    only the entries that are there (the relations of a DenseNet have thousands of
+    columns and a handful of entries per row).
+    """
+    rank = {k: i for i, k in enumerate(order)}
+    pivots: dict = {}
+    for raw in rows:
+        row = _clean(
+            {k: (c % modulus if modulus else Fraction(c)) for k, c in raw.items()}, modulus
         )
-        if pr is None:
+        for c in [k for k in row if k in pivots]:  # pivot rows are reduced: one pass
+            if c in row:
+                row = _axpy(row, pivots[c], -row[c], modulus)
+        if not row:
             continue
-        mat[r], mat[pr] = mat[pr], mat[r]
-        if not modulus:
-            piv = mat[r][c]
-            mat[r] = [x / piv for x in mat[r]]
-        for i in range(len(mat)):
-            if i != r and (mat[i][c] % modulus if modulus else mat[i][c]):
-                f = mat[i][c]
-                mat[i] = [
-                    (x - f * y) % modulus if modulus else x - f * y
-                    for x, y in zip(mat[i], mat[r], strict=True)
-                ]
-        pivots.append(c)
-        r += 1
-    free = [c for c in range(len(cols)) if c not in pivots]
-    basis = []
-    for f in free:
-        vec = [Fraction(0)] * len(cols)
-        vec[f] = Fraction(1)
-        for row_i, pc in enumerate(pivots):
-            vec[pc] = -mat[row_i][f] if not modulus else (-mat[row_i][f]) % modulus
-        basis.append(vec)
-    return basis
+        c = min(row, key=rank.__getitem__)
+        inv = pow(int(row[c]), -1, modulus) if modulus else 1 / row[c]
+        row = _clean(
+            {k: (v * inv % modulus if modulus else v * inv) for k, v in row.items()}, modulus
+        )
+        for pc, prow in pivots.items():
+            if c in prow:
+                pivots[pc] = _axpy(prow, row, -prow[c], modulus)
+        pivots[c] = row
+    return pivots
+
+
+def _clean(row: dict, modulus: int | None) -> dict:
+    return {k: v for k, v in row.items() if v}
+
+
+def _axpy(a: dict, b: dict, f, modulus: int | None) -> dict:
+    """``a + f b`` (mod ``modulus``), zeros dropped."""
+    out = dict(a)
+    for k, v in b.items():
+        x = out.get(k, 0) + f * v
+        out[k] = x % modulus if modulus else x
+    return _clean(out, modulus)
+
+
+def _rref_nullspace(cols, rows, modulus: int | None) -> list[dict]:
+    """Nullspace basis of ``rows`` (dicts over ``cols``), one vector per free column."""
+    pivots = rref(rows, cols, modulus)
+    basis = {f: {f: Fraction(1)} for f in cols if f not in pivots}
+    for pc, row in pivots.items():
+        for f, x in row.items():
+            if f != pc:
+                basis[f][pc] = (-x) % modulus if modulus else -x
+    return [basis[f] for f in cols if f in basis]
 
 
 def nullspace(variables, rows, modulus: int | None = None) -> list[dict]:
     """Integer basis of {e : sum_k row[k] e_k = 0 for every row}, over Q or GF(modulus)."""
     variables = list(variables)
     rep, zero_reps, reduced = _collapse(variables, rows, modulus)
-    cols = sorted({r for r, _ in rep.values() if r not in zero_reps}, key=variables.index)
+    cols = list(dict.fromkeys(r for r, _ in rep.values() if r not in zero_reps))
+    first = {v: i for i, v in enumerate(variables)}
+    cols.sort(key=first.__getitem__)
+    members: dict = {}
+    for v in variables:
+        rk, s = rep[v]
+        if rk not in zero_reps:
+            members.setdefault(rk, []).append((v, s))
     out = []
     for vec in _rref_nullspace(cols, reduced, modulus):
         full = {}
-        for v in variables:
-            rk, s = rep[v]
-            if rk in zero_reps:
-                continue
-            x = vec[cols.index(rk)] * s
-            if modulus:
-                x = int(x) % modulus
-            if x:
-                full[v] = x
-        out.append(full)
+        for rk, x0 in vec.items():
+            for v, s in members[rk]:
+                x = int(x0 * s) % modulus if modulus else x0 * s
+                if x:
+                    full[v] = x
+        out.append(dict(sorted(full.items(), key=lambda kv: first[kv[0]])))
     return [_integral(v) for v in out] if not modulus else out
 
 
@@ -129,33 +147,12 @@ def _integral(vec: dict) -> dict:
 def row_basis(vectors: list[dict], modulus: int | None = None) -> list[dict]:
     """A reduced basis of the span of ``vectors`` (row echelon form, integral)."""
     keys = sorted({k for v in vectors for k in v}, key=str)
-    idx = {k: i for i, k in enumerate(keys)}
-    mat = []
-    for v in vectors:
-        row = [Fraction(0)] * len(keys)
-        for k, x in v.items():
-            row[idx[k]] = Fraction(x) if not modulus else Fraction(int(x) % modulus)
-        mat.append(row)
-    out, r = [], 0
-    for c in range(len(keys)):
-        pr = next(
-            (i for i in range(r, len(mat)) if (int(mat[i][c]) % modulus if modulus else mat[i][c])),
-            None,
-        )
-        if pr is None:
-            continue
-        mat[r], mat[pr] = mat[pr], mat[r]
-        if not modulus:
-            mat[r] = [x / mat[r][c] for x in mat[r]]
-        for i in range(len(mat)):
-            if i != r and (int(mat[i][c]) % modulus if modulus else mat[i][c]):
-                f = mat[i][c]
-                mat[i] = [
-                    Fraction(int(x - f * y) % modulus) if modulus else x - f * y
-                    for x, y in zip(mat[i], mat[r], strict=True)
-                ]
-        r += 1
-    for row in mat[:r]:
-        vec = {keys[i]: x for i, x in enumerate(row) if x}
+    pivots = rref(
+        [{k: int(x) if modulus else x for k, x in v.items()} for v in vectors], keys, modulus
+    )
+    rank = {k: i for i, k in enumerate(keys)}
+    out = []
+    for pc in sorted(pivots, key=rank.__getitem__):
+        vec = dict(sorted(pivots[pc].items(), key=lambda kv: rank[kv[0]]))
         out.append(_integral(vec) if not modulus else {k: int(x) for k, x in vec.items()})
     return out

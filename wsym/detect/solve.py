@@ -6,6 +6,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from wsym.detect.context import Context, Dep
+from wsym.detect.explain import notes
 from wsym.detect.nullspace import nullspace, row_basis
 from wsym.graph.trace import Traced
 from wsym.spec import Group, Leaf, Split, SymmetrySpec
@@ -179,6 +180,7 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     gl_index = {c for g in groups if g.kind == "gl" for c in g.index}
     groups = [g for g in groups if not (g.kind in ("scaling", "sign") and g.cls in gl_index)]
     groups.extend(_translations(ctx, st, traced, state_keys, layouts))
+    why = notes(ctx, st, groups, layouts)
     sites = _activation_sites(ctx, st, traced)
     groups, layouts, ids = _renumber(groups, layouts)
     buffers = tuple(state_keys[ph] for ph in traced.buffers if ph in state_keys)
@@ -191,6 +193,7 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
         buffers=buffers,
         sites=sites,
         warnings=tuple(ctx.warnings),
+        notes=why,
     )
 
 

@@ -72,8 +72,15 @@ def model_inputs(model: torch.nn.Module, example_inputs) -> tuple[tuple, dict]:
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module):
-    """Temporarily put ``model`` in eval mode (restoring each submodule's flag)."""
+    """Temporarily put ``model`` in eval mode (restoring each submodule's flag).
+
+    A model already in eval mode is left alone (no walk over its modules per call:
+    the verification's probe runs through here on every forward pass).
+    """
     flags = {m: m.training for m in model.modules()}
+    if not any(flags.values()):
+        yield model
+        return
     model.eval()
     try:
         yield model
@@ -212,7 +219,9 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
     args, kwargs = model_inputs(model, example_inputs)
     with eval_mode(model):
         try:
-            with quiet_torch():
+            with quiet_torch(), warnings.catch_warnings():
+                # nn.RNN re-registers its flat weights during export: harmless, not the user's
+                warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights")
                 ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as export_error:  # noqa: BLE001
             _check_runs(model, args, kwargs)

@@ -25,6 +25,7 @@ import torch
 
 from wsym.errors import WsymInputError
 from wsym.group.kinds import kind_of
+from wsym.group.kinds.base import act_chain
 from wsym.group.spec import SymmetrySpec
 
 
@@ -96,10 +97,20 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
     out = OrderedDict(state_dict)
     if hasattr(state_dict, "_metadata"):
         out._metadata = state_dict._metadata
+    pending: list = []  # blockwise parts, applied together (act_chain) at the next other one
     for i, value, inverted in g.parts():
         group = spec.groups[i]
         kind = kind_of(group)
-        out.update(kind.act(spec, group, kind.inverse(group, value) if inverted else value, out))
+        value = kind.inverse(group, value) if inverted else value
+        if kind.fusable:
+            pending.append((group, value))
+            continue
+        if pending:
+            out.update(act_chain(spec, pending, out))
+            pending = []
+        out.update(kind.act(spec, group, value, out))
+    if pending:
+        out.update(act_chain(spec, pending, out))
     for alias, key in spec.aliases:
         out[alias] = out[key]
     return out

@@ -120,19 +120,48 @@ def block_at(spec: SymmetrySpec, key: str, t: Tensor, b: int) -> tuple[Tensor, l
     return t.reshape(-1)[idx], lv
 
 
-def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn) -> Tensor:
-    """:func:`transform` of ``t = state_dict[key]`` along the spec's layout, from its plan."""
+def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False) -> Tensor:
+    """:func:`transform` of ``t = state_dict[key]`` along the spec's layout, from its plan.
+
+    With ``cls`` (a class, or a frozenset of classes), ``fn`` is only called on the
+    blocks with a leaf of that class
+    (``fn`` must leave the others unchanged, or, with ``zero``, map them to zero):
+    a tensor concatenated from many classes (a DenseNet's BatchNorm over all
+    earlier layers' features) is then visited once per group, not once per block.
+    """
     plan = block_plan(spec, key)
     if isinstance(plan, tuple):
         shape, lv = plan
         return fn(t.reshape(shape), list(lv)).reshape(t.shape)
-    flat, out = t.reshape(-1), None
-    for idx, lv in plan:
-        block = fn(flat[idx], lv)
-        if out is None:
-            out = torch.empty(flat.shape, dtype=block.dtype)
+    flat = t.reshape(-1)
+    if cls is None:
+        visit = range(len(plan))
+    elif isinstance(cls, frozenset):  # any of several classes
+        visit = sorted({b for c in cls for b in blocks_with(spec, key, c)})
+    else:
+        visit = blocks_with(spec, key, cls)
+    blocks = [(plan[b][0], fn(flat[plan[b][0]], plan[b][1])) for b in visit]
+    if cls is None or len(visit) == len(plan):
+        out = torch.empty(flat.shape, dtype=blocks[0][1].dtype)
+    else:
+        dtype = blocks[0][1].dtype if blocks else flat.dtype
+        out = torch.zeros(flat.shape, dtype=dtype) if zero else flat.to(dtype, copy=True)
+    for idx, block in blocks:
         out[idx.reshape(-1)] = block.reshape(-1)
     return out.reshape(t.shape)
+
+
+def blocks_with(spec: SymmetrySpec, key: str, cls: int) -> tuple[int, ...]:
+    """Numbers of the blocks of ``key``'s :func:`block_plan` with a leaf of class ``cls``."""
+
+    def compute():
+        out: dict = {}
+        for b, lv in enumerate(plan_leaves(block_plan(spec, key))):
+            for c in {leaf.cls for leaf in lv}:
+                out.setdefault(c, []).append(b)
+        return {c: tuple(v) for c, v in out.items()}
+
+    return derived(spec, ("blocks_with", key), compute).get(cls, ())
 
 
 def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:

@@ -139,6 +139,9 @@ class SymmetrySpec:
             (for activation matching; node names of :func:`wsym.graph.trace`).
         deviations: verified largest relative output change, per group.
         warnings: operations that blocked symmetries, candidates dropped.
+        notes: ``(param, dim, text)``: why a kind of group is absent from that axis
+            (the operation that blocked it, a candidate verification dropped);
+            read them with :meth:`explain`.
     """
 
     groups: tuple[Group, ...]
@@ -148,6 +151,7 @@ class SymmetrySpec:
     sites: tuple[tuple[int, str, int], ...] = ()
     deviations: tuple[float, ...] = ()
     warnings: tuple[str, ...] = ()
+    notes: tuple[tuple[str, int, str], ...] = ()
 
     # -- beside the value -------------------------------------------------
     @property
@@ -236,6 +240,36 @@ class SymmetrySpec:
         summary = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds().items()))
         return "\n".join(lines + [f"{len(self.groups)} groups: {summary or 'none'}"])
 
+    def explain(self, param: str) -> str:
+        """Per axis of ``param``: the groups acting on it, and why the others are left out.
+
+        Example:
+            >>> import torch, wsym
+            >>> from torch import nn
+            >>> net = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 2))
+            >>> print(wsym.detect(net, torch.randn(5, 3)).explain("0.weight"))
+            0.weight
+              axis 0 (size 4): S_4 (permutation)
+                no GL or orthogonal maps: aten::gelu (gelu) is not linear along it
+                no scaling: aten::gelu (gelu) fixes the scale
+                no sign: aten::gelu (gelu) fixes the sign
+              axis 1 (size 3): none
+                no permutation or mixing: model input
+                no scaling: model input
+                no sign: model input
+        """
+        target = dict(self.aliases).get(param, param)
+        if target not in self.layout:
+            raise KeyError(f"{param!r} is not a parameter or buffer of this spec")
+        lines = [param]
+        for d, (tree, idx) in enumerate(
+            zip(self.layout[target], self.groups_of(target), strict=True)
+        ):
+            acting = ", ".join(f"{self.groups[i].notation} ({self.groups[i].kind})" for i in idx)
+            lines.append(f"  axis {d} (size {tree.size}): {acting or 'none'}")
+            lines += [f"    {t}" for p, ax, t in self.notes if p == target and ax == d]
+        return "\n".join(lines)
+
     def __str__(self) -> str:
         return self.table()
 
@@ -251,6 +285,7 @@ class SymmetrySpec:
                 "sites": [list(x) for x in self.sites],
                 "deviations": list(self.deviations),
                 "warnings": list(self.warnings),
+                "notes": [list(n) for n in self.notes],
             }
         )
 
@@ -282,6 +317,7 @@ class SymmetrySpec:
             sites=tuple(tuple(x) for x in d.get("sites", ())),
             deviations=tuple(d["deviations"]),
             warnings=tuple(d["warnings"]),
+            notes=tuple(tuple(n) for n in d.get("notes", ())),
         )
 
 

@@ -21,8 +21,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from wsym.errors import WsymInputError
+from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
+from wsym.io.atomic import atomic_path
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import WeightGraphNet
@@ -84,6 +85,7 @@ class Predictor:
                 self.schema.check(sd)
             except WsymInputError as err:
                 raise WsymInputError(f"state dict {i}: {err}") from None
+            check_finite(sd, f"state dict {i}")
             out.append(self.schema.graph(invariant_form(sd, self.spec)))
         return out
 
@@ -127,9 +129,8 @@ class Predictor:
             **self.config,
         }
         tensors = {k: v.detach().float().contiguous() for k, v in self.net.state_dict().items()}
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
 
 
 def load(path: str | os.PathLike) -> Predictor:

@@ -60,7 +60,7 @@ import torch
 from torch import Tensor, nn
 
 from wsym.curvature.objective import as_double, batch_size, call
-from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.trace import eval_mode
 from wsym.sharpness.gauge import balanced
 from wsym.sharpness.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
@@ -227,6 +227,7 @@ def sharpness(
     """
     batches = list(batches)
     _check(batches, measure, rho, steps)
+    check_finite(model.state_dict())
     model64 = copy.deepcopy(model).double()
     batches64 = [(as_double(x), as_double(y)) for x, y in batches]
     if measure in ("hessian-trace", "lambda-max", "fisher"):
@@ -236,7 +237,6 @@ def sharpness(
         return Estimate(value, 0.0) if with_error else value
     if options:
         raise WsymInputError(f"unknown options for {measure!r}: {', '.join(options)}")
-    _check_finite(model64)
     if measure.startswith("geodesic"):
         spec = _spec_of(model, batches, spec)
         _move_to(model64, _base_point(spec, model64.state_dict(), average))
@@ -271,21 +271,10 @@ def _batch_loss(model64, loss_fn, inputs, targets) -> Callable:
     return lambda params: loss_fn(call(model64, params, inputs), targets)
 
 
-def _check_finite(model64: nn.Module) -> None:
-    for name, t in model64.state_dict().items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise WsymInputError(
-                f"{name} holds NaN or Inf values; sharpness needs finite weights "
-                "(check the checkpoint or the training run that wrote it)"
-            )
-
-
 def _spec_of(model, batches, spec: SymmetrySpec | None) -> SymmetrySpec:
-    if spec is None:
-        from wsym.detect import detect
+    from wsym.detect import spec_or_detect
 
-        spec = detect(model, batches[0][0])
-    return spec
+    return spec_or_detect(spec, model, batches[0][0], "wsym.sharpness")
 
 
 def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:

@@ -11,6 +11,13 @@ actions survive only where ``f`` commutes with them:
 * anything else (GELU, sigmoid, ReLU6, ``clamp(x, 0, 6)``, ...) is *generic*:
   neither scales nor signs pass, only permutations.
 
+Binary forms are read jointly: ``maximum(a, b)`` and ``minimum(a, b)`` are
+positively homogeneous in the pair (``max(s a, s b) = s max(a, b)``), so
+``maximum(x, 0)``, ``maximum(x, 0.1 x)`` rescale like ReLU and LeakyReLU, and
+``where(mask, a, b)`` is linear in ``(a, b)`` for a fixed mask; a comparison
+``x > 0`` gives a mask invariant under positive scales of ``x`` (``x > c`` for
+``c != 0`` under none). Operands constant along an axis pin it.
+
 None of them commutes with GL or orthogonal mixing. Arguments decide for the
 clamp family, so their rules read them; extra tensor operands (``clamp`` with
 tensor bounds, ``maximum``, ``where``) are coupled elementwise and may not move
@@ -29,7 +36,7 @@ from __future__ import annotations
 import math
 
 from wsym.detect.context import Context
-from wsym.detect.rules.common import NONLINEAR, arg, broadcast, is_tensor, shape
+from wsym.detect.rules.common import NONLINEAR, arg, broadcast, constant_along, is_tensor, shape
 
 
 def _couple(ctx: Context, node, scale: str, sign: str) -> None:
@@ -137,6 +144,53 @@ def prelu(ctx: Context, node) -> None:
     ctx.layouts[node.name] = out
 
 
+def _joint(ctx: Context, node, values, sign: str) -> list:
+    """Output moving with every tensor in ``values`` alike; constant operands pin an axis."""
+    out = broadcast(ctx, node, values, scale="eq", sign=sign, breaks=NONLINEAR)
+    for pos, dim in enumerate(out):
+        if constant_along(values, pos, shape(node)):
+            for system in ("scale", "sign"):
+                ctx.relate(system, [dim], (1,))
+    return out
+
+
+def extremum(ctx: Context, node) -> None:
+    """Maximum / minimum / fmax / fmin (a, b): jointly positively homogeneous."""
+    ctx.layouts[node.name] = _joint(ctx, node, node.args[:2], sign="zero")
+
+
+def where(ctx: Context, node) -> None:
+    """where(mask, a, b): linear in ``(a, b)``; the mask permutes along and never moves."""
+    mask, values = node.args[0], node.args[1:3]
+    out = _joint(ctx, node, values, sign="eq")
+    offset = len(out) - len(shape(mask))
+    for i, dim in enumerate(ctx.layouts[mask.name]):
+        if shape(mask)[i] > 1:
+            ctx.couple(out[offset + i], dim, scale=None, sign=None, breaks=NONLINEAR)
+    ctx.layouts[node.name] = out
+
+
+def compare(ctx: Context, node) -> None:
+    """X > c, x <= y, ...: a mask (exponent 0) permuting with its operands.
+
+    ``x > 0`` is invariant under a positive scale of ``x``; a nonzero bound, a
+    second tensor or a sign flip changes it, so those pin ``x``.
+    """
+    x, y = node.args[0], node.args[1]
+    tensors = [t for t in (x, y) if is_tensor(t)]
+    out = broadcast(ctx, node, tensors, scale=None, sign=None, breaks=NONLINEAR)
+    for dim in out:
+        for system in ("scale", "sign"):
+            ctx.relate(system, [dim], (1,))
+    for t in tensors:
+        for i, dim in enumerate(ctx.layouts[t.name]):
+            if shape(t)[i] > 1:
+                ctx.relate("sign", [dim], (1,))
+                if is_tensor(y) or y != 0:
+                    ctx.relate("scale", [dim], (1,))
+    ctx.layouts[node.name] = out
+
+
 HOMOGENEOUS = ["relu", "leaky_relu"]
 ODD = ["tanh", "sin", "asinh", "atan", "sinh", "erf", "tan", "asin", "atanh", "erfinv"]
 GENERIC = [
@@ -178,11 +232,6 @@ GENERIC = [
     "softshrink",
     "tanhshrink",
     "threshold",
-    "maximum",
-    "minimum",
-    "fmax",
-    "fmin",
-    "where",
     "lerp",
     "atan2",
     "remainder",
@@ -202,6 +251,10 @@ def claims() -> dict[str, str]:
 
 RULES = {name: KINDS[kind] for name, kind in claims().items()}
 RULES.update({f"aten::{n}": rule for n, rule in BOUNDED.items()})
+RULES.update({f"aten::{n}": extremum for n in ("maximum", "minimum", "fmax", "fmin")})
+RULES["aten::where"] = where
+MASKS = {f"aten::{n}": compare for n in ("gt", "ge", "lt", "le")}
+RULES.update(MASKS)
 RULES["aten::glu"] = glu
 RULES["aten::prelu"] = prelu
 RULES["aten::_prelu_kernel"] = prelu

@@ -46,3 +46,18 @@ def broadcast(ctx: Context, node, inputs, scale="eq", sign="eq", breaks=()) -> l
             if shape(x)[i] > 1:
                 ctx.couple(out[offset + i], dim, scale=scale, sign=sign, breaks=breaks)
     return out
+
+
+def constant_along(operands, pos: int, out_shape) -> bool:
+    """Whether some operand is constant along output axis ``pos`` (a nonzero number, broadcast)."""
+    if out_shape[pos] == 1:
+        return False
+    for t in operands:
+        if not is_tensor(t):
+            if t != 0:
+                return True
+            continue
+        i = pos - (len(out_shape) - len(shape(t)))
+        if i < 0 or shape(t)[i] == 1:
+            return True
+    return False

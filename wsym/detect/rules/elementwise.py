@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from wsym.detect.context import Context
 from wsym.detect.rules.activation import generic
-from wsym.detect.rules.common import NONLINEAR, arg, broadcast, is_tensor, shape
+from wsym.detect.rules.common import NONLINEAR, arg, broadcast, constant_along, is_tensor, shape
 
 
 def is_square(node) -> bool:
@@ -57,25 +57,11 @@ def add(ctx: Context, node) -> None:
     out = broadcast(ctx, node, operands)
     out_shape = shape(node)
     for pos, dim in enumerate(out):
-        if _constant_along(operands, pos, out_shape):
+        if constant_along(operands, pos, out_shape):
             ctx.mark(dim, *NONLINEAR)
             for system in ("scale", "sign"):
                 ctx.relate(system, [dim], (1,))
     ctx.layouts[node.name] = out
-
-
-def _constant_along(operands, pos: int, out_shape) -> bool:
-    if out_shape[pos] == 1:
-        return False
-    for t in operands:
-        if not is_tensor(t):
-            if t != 0:
-                return True
-            continue
-        i = pos - (len(out_shape) - len(shape(t)))
-        if i < 0 or shape(t)[i] == 1:
-            return True
-    return False
 
 
 def mul(ctx: Context, node) -> None:

@@ -103,6 +103,32 @@ def matmul(ctx: Context, node) -> None:
     einsum_rule(ctx, node, f"{sa},{sb}->{so}", [a, b])
 
 
+COPIES = ("aten::clone", "aten::detach", "aten::_to_copy", "aten::alias")
+
+
+def vector_product(ctx: Context, node) -> None:
+    """mv(A, v) / vdot(u, w), as matmul; vector operands permute and flip, never rescale.
+
+    The vectors of spectral norm's power iteration (its buffers ``_u``, ``_v``,
+    ``sigma = u^T W v``) move with the axis they are contracted with: permuting or
+    flipping the rows of ``W`` with ``u`` (columns with ``v``) keeps ``sigma``, in
+    eval mode and through the (equivariant) power iteration; rescaling would not
+    survive the iteration's normalization.
+    """
+    matmul(ctx, node)
+    for t in node.args[:2]:
+        if len(shape(t)) == 1:
+            src = t
+            while (
+                src.op == "call_function"
+                and getattr(src.target, "_schema", None)
+                and (src.target._schema.name in COPIES)
+            ):
+                src = src.args[0]
+            ctx.allowed_buffers.add(src.name)
+            ctx.relate("scale", [ctx.layouts[t.name][0]], (1,))
+
+
 def addmm(ctx: Context, node) -> None:
     """addmm(bias, a, b) = bias + a @ b."""
     bias, a, b = node.args[:3]
@@ -280,6 +306,9 @@ RULES = {
     "aten::mm": matmul,
     "aten::bmm": matmul,
     "aten::addmm": addmm,
+    "aten::mv": vector_product,
+    "aten::vdot": vector_product,
+    "aten::dot": vector_product,
     "aten::einsum": einsum,
     "aten::tensordot": tensordot,
     "aten::conv1d": conv,

@@ -116,18 +116,23 @@ def rms_norm(ctx: Context, node) -> None:
 
 
 def group_norm(ctx: Context, node) -> None:
-    """group_norm(x, G, w, b, eps): whole groups permute, and channels within a group."""
+    """group_norm(x, G, w, b, eps): the channels of each group permute, one S_k per group.
+
+    With one channel per group (``G = C``) the groups themselves permute.
+    """
     x, groups, w, b = node.args[0], node.args[1], arg(node, 2, "weight"), arg(node, 3, "bias")
     lx = ctx.layouts[x.name]
     out = ctx.like(lx)
-    c = shape(x)[1]
-    split = [ctx.new(groups), ctx.new(c // groups)]
-    split = [[a] if ctx.atoms.size[a] > 1 else [] for a in split]
+    k = shape(x)[1] // groups
+    if k == 1:
+        split = [ctx.new(groups)] if groups > 1 else []
+    else:
+        split = [ctx.concat([[ctx.new(k)] for _ in range(groups)])] if groups > 1 else [ctx.new(k)]
     for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
         ctx.couple(
             do, dx, scale="zero" if i else "eq", sign="zero" if i else "eq", breaks=NONLINEAR
         )
-    ctx.couple(lx[1], split[0] + split[1], scale=None, sign=None)
+    ctx.couple(lx[1], split, scale=None, sign=None)
     ctx.relate("scale", [lx[1]], (1,))
     ctx.relate("sign", [lx[1]], (1,))
     for p in (w, b):
@@ -136,6 +141,39 @@ def group_norm(ctx: Context, node) -> None:
     if not is_tensor(w):
         ctx.relate("scale", [out[1]], (1,))
     _outputs(ctx, node, out)
+
+
+def instance_norm(ctx: Context, node) -> None:
+    """instance_norm(x, w, b, running_mean, running_var, use_input_stats, momentum, eps).
+
+    Per channel like BatchNorm: with its own statistics (``use_input_stats``) it
+    normalizes each channel of each sample, so channels permute and flip sign
+    with the weight, never rescale (eps); with running statistics it is BatchNorm in eval mode.
+    """
+    training = bool(arg(node, 5, "use_input_stats", True))
+    batch_norm(ctx, node, training=training, eps=float(arg(node, 7, "eps", 1e-5)))
+
+
+def weight_norm(ctx: Context, node) -> None:
+    """_weight_norm(v, g, dim): ``w = g v / ||v||``, the norm over every axis but ``dim``.
+
+    Along ``dim`` each slice rescales with ``g`` (``v`` is free there: its scale
+    cancels) and flips sign with ``g v``; along the other axes ``v`` and ``w``
+    permute and flip alike, and never rescale (the norm would change).
+    """
+    v, g = node.args[0], node.args[1]
+    dim = arg(node, 2, "dim", 0)
+    lv, lg = ctx.layouts[v.name], ctx.layouts[g.name]
+    out = ctx.like(lv)
+    keep = dim % len(lv) if dim is not None and dim != -1 else None
+    for i, (do, dv) in enumerate(zip(out, lv, strict=True)):
+        if i != keep:
+            ctx.couple(do, dv, scale="zero", sign="eq", breaks=NONLINEAR)
+            continue
+        ctx.couple(do, dv, scale=None, sign=None, breaks=NONLINEAR)
+        ctx.couple(do, lg[i], scale="eq", sign=None, breaks=NONLINEAR)
+        ctx.relate("sign", [do, dv, lg[i]], (1, 1, 1))
+    ctx.layouts[node.name] = out
 
 
 RULES = {
@@ -147,5 +185,7 @@ RULES = {
     "aten::native_layer_norm": layer_norm,
     "aten::rms_norm": rms_norm,
     "aten::group_norm": group_norm,
+    "aten::instance_norm": instance_norm,
+    "aten::_weight_norm": weight_norm,
     "aten::native_group_norm": group_norm,
 }

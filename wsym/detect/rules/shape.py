@@ -23,8 +23,42 @@ def dropout(ctx: Context, node) -> None:
 
 
 def constant(ctx: Context, node) -> None:
-    """Tensors created inside the graph (zeros, arange, ...): nothing acts on them."""
-    ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
+    """Tensors created inside the graph (arange, ...): nothing acts on them.
+
+    A tensor of zeros is the exception: every linear action maps it to itself, so
+    its axes are free (an RNN's initial state, ``maximum(x, zeros_like(x))``). A
+    tensor filled with one value (``ones_like``, ``full``) is unchanged by
+    permutations only.
+    """
+    if is_zero(node):
+        ctx.layouts[node.name] = ctx.fresh(shape(node))
+    elif _schema_name(node) in FILLED:
+        out = ctx.fresh(shape(node))
+        for dim in out:
+            ctx.mark(dim, *NONLINEAR)
+            for system in ("scale", "sign"):
+                ctx.relate(system, [dim], (1,))
+        ctx.layouts[node.name] = out
+    else:
+        ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
+
+
+ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
+FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
+FILLED = {*FILLS, "aten::ones", "aten::ones_like", "aten::new_ones"}
+
+
+def _schema_name(node) -> str:
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    return schema.name if schema is not None else ""
+
+
+def is_zero(node) -> bool:
+    """Whether ``node`` creates a tensor of zeros (``zeros``, ``full(..., 0)``, ...)."""
+    name = _schema_name(node)
+    if name in ZEROS:
+        return True
+    return name in FILLS and len(node.args) > FILLS[name] and node.args[FILLS[name]] == 0
 
 
 def _groups(in_shape, out_shape):
@@ -296,6 +330,54 @@ def split(ctx, node, lay, in_shape):
     return outs
 
 
+def channel_shuffle(ctx: Context, node) -> None:
+    """channel_shuffle(x, g): channel ``(i, j)`` of ``(g, C / g)`` moves to ``(j, i)``.
+
+    The two factors permute separately (``S_g x S_{C/g}``, as the spelled-out
+    ``view``/``transpose``/``reshape``). Any permutation of the input channels is
+    in fact matched by a conjugated one of the output channels (``S_C``), which
+    a layout over shared atoms cannot express; it is left out.
+    """
+    x, g = node.args[0], int(node.args[1])
+    lx = ctx.layouts[x.name]
+    k = shape(x)[1] // g
+    factors = [[ctx.new(n)] if n > 1 else [] for n in (g, k)]
+    ctx.couple(lx[1], factors[0] + factors[1])
+    out = ctx.like(lx)
+    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
+        if i != 1:
+            ctx.couple(do, dx)
+    out[1] = ctx.like([factors[1] + factors[0]])[0]
+    ctx.couple(out[1][: len(factors[1])], factors[1])
+    ctx.couple(out[1][len(factors[1]) :], factors[0])
+    ctx.layouts[node.name] = out
+
+
+def index(ctx: Context, node) -> None:
+    """index(x, [i0, i1, ...]): a gather along the indexed axes; the others are copied.
+
+    The gathered axes (and the axes the index tensors give the output) carry
+    nothing; every axis indexed by ``None`` keeps its values, so any linear map
+    along it commutes with the gather (a relative-position table indexed along
+    its rows keeps its head axis). Indexed axes must be adjacent.
+    """
+    x, indices = node.args[0], list(node.args[1])
+    lx = ctx.layouts[x.name]
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if not used or used != list(range(used[0], used[-1] + 1)):
+        raise ValueError("non-adjacent advanced indices")
+    for i in used:
+        ctx.block_dim(lx[i], "gathered axis")
+    before, after = lx[: used[0]], lx[used[-1] + 1 :]
+    n_new = len(shape(node)) - len(before) - len(after)
+    gathered = ctx.fresh(shape(node)[len(before) : len(before) + n_new], "gathered axis")
+    out = ctx.like(before) + gathered + ctx.like(after)
+    kept = out[: len(before)] + out[len(out) - len(after) :]
+    for dx, do in zip(before + after, kept, strict=True):
+        ctx.couple(do, dx)
+    ctx.layouts[node.name] = out
+
+
 def copy(ctx: Context, node) -> None:
     """copy(dst, src): the values (and so the axes) of ``src``, in the shape of ``dst``."""
     src = node.args[1]
@@ -448,6 +530,9 @@ RULES.update(
         "aten::stack": stack,
         "aten::slice_scatter": slice_scatter,
         "aten::copy": copy,
+        "aten::index": index,
+        "aten::channel_shuffle": channel_shuffle,
+        "aten::native_channel_shuffle": channel_shuffle,
         "_operator::getitem": getitem,
     }
 )

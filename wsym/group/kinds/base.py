@@ -43,6 +43,8 @@ class Kind:
         self_dual: a matrix kind with ``M^-T = M`` (orthogonal): both parities
             transform alike.
         additive: acts by adding a constant (translations).
+        fusable: :meth:`act` is :meth:`block_fn` applied block by block (nothing
+            else), so that several elements act in one pass per tensor (:func:`act_chain`).
     """
 
     name: ClassVar[str] = ""
@@ -54,6 +56,7 @@ class Kind:
     one_sided: ClassVar[bool] = False
     self_dual: ClassVar[bool] = False
     additive: ClassVar[bool] = False
+    fusable: ClassVar[bool] = True
 
     # -- description -----------------------------------------------------
     def symbol(self, group: Group) -> str:
@@ -102,7 +105,8 @@ class Kind:
     def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
         """The tensors of ``state`` that ``value`` changes, acted on."""
         fn = self.block_fn(group, value)
-        return {key: map_blocks(spec, key, state[key], fn) for key in group.params}
+        cls = group.cls if group.cls >= 0 else None  # block_fn moves only the class's blocks
+        return {key: map_blocks(spec, key, state[key], fn, cls) for key in group.params}
 
     # -- infinitesimal action (continuous kinds) -------------------------
     def coefficient_shape(self, spec: SymmetrySpec, group: Group) -> tuple[int, ...]:
@@ -154,3 +158,35 @@ def index_sizes(spec: SymmetrySpec, group: Group) -> list[int]:
             for leaf in leaves(t):
                 sizes[leaf.cls] = leaf.size
     return [sizes[c] for c in group.index]
+
+
+def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> dict[str, Tensor]:
+    """``parts = [(group, value), ...]`` of :attr:`Kind.fusable` kinds, acting in turn.
+
+    Every block meets the same :meth:`Kind.block_fn` calls in the same order as
+    when acting with one part after the other (bit-identical), but each tensor is
+    split into blocks once, not once per group: a DenseNet's features are read by
+    every later layer, so each of its ~2500 groups touches ~40 tensors.
+    """
+    from wsym.group.kinds import kind_of
+
+    fns: dict = {}
+    for group, value in parts:
+        fn = kind_of(group).block_fn(group, value)
+        for key in group.params:
+            fns.setdefault(key, []).append((group.cls, fn))
+
+    def chain(fs):
+        def fn(t, lv):
+            here = {leaf.cls for leaf in lv}
+            for cls, f in fs:
+                if cls in here:
+                    t = f(t, lv)
+            return t
+
+        return fn
+
+    return {
+        key: map_blocks(spec, key, state[key], chain(fs), frozenset(c for c, _ in fs))
+        for key, fs in fns.items()
+    }

@@ -112,7 +112,9 @@ class Scaling(Sign):
                     out = out + e * along(a.to(t.dtype), ax, t.ndim) * t
             return out
 
-        return {key: map_blocks(spec, key, state[key], fn) for key in group.params}
+        return {
+            key: map_blocks(spec, key, state[key], fn, group.cls, zero=True) for key in group.params
+        }
 
     def generator_adjoint(self, spec: SymmetrySpec, group: Group, state: dict, y: dict) -> Tensor:
         """Per unit, ``sum e w y`` over its entries."""
@@ -127,6 +129,8 @@ class Scaling(Sign):
 class NormScaling(Scaling):
     """``(R+)^n`` on the weights feeding a BatchNorm, with its running statistics and weight."""
 
+    fusable = False  # its act also corrects the BatchNorm weights from the running variances
+
     name = "norm_scaling"
     one_sided = True
 
@@ -138,7 +142,9 @@ class NormScaling(Scaling):
             factors[w_key] = torch.sqrt(su**2 * v + eps) / (su * torch.sqrt(v + eps))
         out = super().act(spec, group, value, state)
         for key, f in factors.items():
-            out[key] = map_blocks(spec, key, out.get(key, state[key]), _unit_fn(group, f))
+            out[key] = map_blocks(
+                spec, key, out.get(key, state[key]), _unit_fn(group, f), group.cls
+            )
         return out
 
     def _corrections(self, spec: SymmetrySpec, group: Group, state: dict) -> list:

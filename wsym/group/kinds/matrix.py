@@ -99,7 +99,9 @@ class GL(Kind):
                     out = out + on_axis(t, lv, ax, group, mats[leaf.parity])
             return out
 
-        return {key: map_blocks(spec, key, state[key], fn) for key in group.params}
+        return {
+            key: map_blocks(spec, key, state[key], fn, group.cls, zero=True) for key in group.params
+        }
 
     def generator_adjoint(self, spec: SymmetrySpec, group: Group, state: dict, y: dict) -> Tensor:
         """``sum X^T Y`` (parity 0) ``- sum Y^T X`` (parity 1) over the class axes."""

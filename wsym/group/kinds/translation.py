@@ -32,6 +32,7 @@ class Translation(Kind):
     """``R^n``: shifts of a parameter that the next operation removes."""
 
     name = "translation"
+    fusable = False  # acts by adding to its target, not block by block
     continuous = True
     additive = True
 
