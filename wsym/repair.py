@@ -13,11 +13,12 @@ the weights of the layer producing ``z``, so the architecture is unchanged:
   ``b -> c (b - mu_m) + mu_t`` (``c = sigma_t / sigma_m``; without a bias only
   the scale is corrected);
 * a ``LayerNorm`` / ``RMSNorm`` output ``y = gamma n (+ beta)``: per feature
-  ``gamma -> c gamma`` (and ``beta -> c (beta - mu_m) + mu_t``). Units that feed a
-  norm (the residual stream of a transformer) are not corrected where they
-  are written, since the norm divides their scale out per token; what the
-  norm hands on is corrected instead, through its gain and bias (an RMSNorm,
-  with no bias, gets its scale corrected only);
+  ``gamma -> c gamma`` (and ``beta -> c (beta - mu_m) + mu_t``; an RMSNorm, with
+  no bias, gets its scale corrected only). In a transformer the residual
+  stream feeds the norms: its writers (embedding, attention output, MLP
+  output) are corrected per feature like any ``Linear``, and what each norm
+  hands on is corrected again through its gain and bias, since the norm
+  divides the stream's scale out per token;
 * a layer feeding a ``BatchNorm`` is left alone: the BatchNorm's running
   statistics are recomputed on the batches instead (the usual protocol);
 * the layer producing the model's output is left alone (the logits are what
