@@ -9,8 +9,9 @@ Run from the repository root (``rebasin`` must be installed)::
 The pairs are those of ``benchmarks/alignment.py`` (same models, data, seeds
 and training), trained once and cached as ``torch.save`` state dicts (read
 back with ``weights_only=True``) under ``--cache`` (default
-``.cache/align_speed``). Per pair it prints the least wall and CPU seconds over
-the repeats (one torch thread) of ``wsym.align`` (weights, spec given) and of
+``.cache/alignment``, shared with ``benchmarks/alignment.py``). Per pair it
+prints the least wall and CPU seconds over the repeats (one torch thread) of
+``wsym.align`` (weights, spec given) and of
 rebasin's whole use on the two models (tracing and coordinate descent), their
 ratios, the machine's load average, and the loss barrier (train split, 11
 points) of both aligned models. On a shared machine CPU seconds are the
@@ -49,32 +50,18 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from alignment import SEEDS, bn_reset_curves, configs, has_batchnorm, rebasin_align  # noqa: E402
+from alignment import bn_reset_curves, configs, has_batchnorm, rebasin_align  # noqa: E402
+from alignment import trained_pair as shared_pair  # noqa: E402
 
 import wsym  # noqa: E402
 import wsym.assignment  # noqa: E402
 from wsym.align import CANON_TOL, NO_PERMUTATION  # noqa: E402
 from wsym.canon import canonical_element  # noqa: E402
-from wsym.data import load  # noqa: E402
-from wsym.train import train  # noqa: E402
 
 
 def trained_pair(cfg: dict, cache: Path):
-    """``(model_a, model_b, data)``, trained as in ``benchmarks/alignment.py`` or from the cache."""
-    data = load(cfg["data"])
-    models = []
-    for seed in SEEDS:
-        torch.manual_seed(seed)
-        model = cfg["make"]()
-        path = cache / f"{cfg['name']}-{seed}.pt"
-        if path.exists():
-            model.load_state_dict(torch.load(path, weights_only=True))
-        else:
-            train(model, data, seed=seed, **cfg["train"])
-            cache.mkdir(parents=True, exist_ok=True)
-            torch.save(model.state_dict(), path)
-        models.append(model.eval())
-    return models[0], models[1], data
+    """``(model_a, model_b, data)``: the pair of ``benchmarks/alignment.py``, from its cache."""
+    return shared_pair(cfg, cache)[:3]
 
 
 def clocked(fn, repeats: int):
@@ -168,7 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=None)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cache", default=".cache/align_speed")
+    parser.add_argument("--cache", default=".cache/alignment")
     parser.add_argument("--save", default=None)
     parser.add_argument("--compare", default=None)
     parser.add_argument("--profile", default=None)

@@ -4,48 +4,38 @@ Run from the repository root (``rebasin`` must be installed; it is not a wsym
 dependency)::
 
     .venv/bin/python benchmarks/alignment.py [--json PATH] [--quick] [--only NAME ...]
+        [--orders 5] [--cache DIR]
 
-In one run it trains pairs of models from different seeds (different
-initialization and data order) on mnist1d: ``MLP(40, [w, w], 10)`` for w in
-64, 256, 512 and ``CNN1d`` (SGD, lr 0.05, momentum 0.9, 30 epochs), the
+Pairs of models trained from different seeds (different initialization and
+data order), trained once and cached under ``--cache`` (default
+``.cache/alignment``, gitignored; ``torch.save`` state dicts read back with
+``weights_only=True``): ``MLP(40, [w, w], 10)`` for w in 64, 256, 512 and
+``CNN1d`` (BatchNorm) on mnist1d (SGD, lr 0.05, momentum 0.9, 30 epochs), the
 Git Re-Basin-shaped ``MLP(40, [512, 512, 512], 10)`` on ``mnist1d-large``
-(20000 training examples instead of 4000, which 512-wide MLPs memorize; SGD as
-above, EPOCHS_LARGE epochs), and a ``TinyTransformer`` on ``mnist1d-seq``
-(Adam, lr 3e-3). For each pair it moves model B onto model A's basis with
+(EPOCHS_LARGE epochs), a ``TinyTransformer`` on ``mnist1d-seq`` (Adam, lr 3e-3,
+30 epochs) and a small ViT (2x2 patches of sklearn's 8x8 digits, class token,
+two pre-LN blocks; Adam, 90 epochs). For each pair it moves model B onto model
+A's basis with
 
-* ``naive``: no alignment;
-* ``weights``: ``wsym.align(..., method="weights")``;
-* ``activations``: ``wsym.align(..., method="activations")`` on 4 train batches of 256;
+* ``wsym``: ``wsym.align(..., "weights")``, the default: permutations matched
+  and continuous groups fitted to A, alternately;
+* ``wsym canonical``: ``continuous="canonical"`` (the previous default: both
+  canonicalized in their continuous groups, then matched);
+* ``wsym activations``: ``wsym.align(..., "activations")`` on 4 train batches of 256;
 * ``rebasin``: ``rebasin.PermutationCoordinateDescent`` (PyPI ``rebasin``) on a copy,
 
-and reports the loss barrier (largest excess of the loss over the straight line
-between the endpoint losses, 11 points) on the train and the test split, with
-wall times (median of ``--repeats``, this run, this machine, one torch thread).
-
-What is timed, like with like: rebasin's region is its whole use on the two
-models, ``PermutationCoordinateDescent(model_a, model_b, x)`` (tracing the
-model and building its permutation graph) plus ``.rebasin()`` (coordinate
-descent and permuting model B in place); only the deep copy of model B that
-keeps the original intact is outside it. wsym's set-up is ``wsym.detect``
-(tracing, plus verifying every group by acting on the model, which rebasin
-does not do), then ``wsym.align`` (canonicalizing both state dicts,
-coordinate descent, applying the permutations, returning a new state dict).
-The table gives both seconds and both ratios: ``rebasin/(detect+wsym)`` is
-the like-with-like one for a single pair; ``rebasin/wsym`` is the one that
-applies when one detected spec serves many checkpoints (a zoo, a sweep).
-
-BatchNorm (CNN1d): ``wsym.interpolate`` interpolates running statistics along
-with the weights. rebasin permutes BatchNorm weights but not running statistics,
-so its model B computes a different function ("as is"); the row "rebasin + BN
-recomputed" resets the running statistics of its model B on the train split
-(``wsym.merge.reset_batchnorm_stats``). The row "BN reset per point" recomputes
-the statistics at every point of every path (the usual protocol for BatchNorm
-networks; then rebasin's unpermuted statistics do not matter).
-
-Diagnostic (not in the table): ``weights, perm only`` runs wsym's weight
-matching on the raw weights, without canonicalizing the continuous and sign
-groups first (``wsym.align.weight_matching`` and ``wsym.act.act``), to show what
-canonicalization changes.
+each over ``--orders`` visiting orders of coordinate descent (wsym ``seed=``,
+rebasin ``torch.manual_seed``; activations one order), and reports the loss
+barrier (largest excess of the loss over the straight line between the
+endpoint losses, 11 points) on the train and the test split, median and range
+over the orders, as is and with REPAIR at every point (``wsym.interpolate(...,
+repair=True)``, statistics on 4 train batches of 256; for the BatchNorm CNN
+this is the BatchNorm statistics reset). Times are CPU seconds
+(``time.process_time``, one torch thread), median over the orders: wsym's is
+``wsym.align`` with the spec given, rebasin's its whole use on the pair
+(tracing and coordinate descent). rebasin permutes BatchNorm weights but not
+running statistics and breaks attention: ``*`` marks an aligned model B that
+computes a different function (relative output change > 1e-3).
 """
 
 from __future__ import annotations
@@ -55,7 +45,9 @@ import copy
 import json
 import statistics
 import sys
+import time
 import warnings
+from pathlib import Path
 from time import perf_counter
 
 import torch
@@ -67,7 +59,7 @@ from wsym.align import weight_matching
 from wsym.connectivity import Curve
 from wsym.data import load
 from wsym.merge import reset_batchnorm_stats
-from wsym.reference import MLP, CNN1d, TinyTransformer
+from wsym.reference import MLP, Block, CNN1d, TinyTransformer
 from wsym.train import evaluate, train
 
 STEPS = 11
@@ -75,6 +67,59 @@ EPOCHS_LARGE = 10
 SEEDS = (0, 1)
 SGD = {"lr": 0.05, "optimizer": "sgd", "batch_size": 128}
 ADAM = {"lr": 3e-3, "optimizer": "adam", "batch_size": 128}
+
+
+class ViT(torch.nn.Module):
+    """A small ViT: 2x2 patches of an image, class token, positions, pre-LN blocks, LN head.
+
+    Example:
+        >>> ViT()(torch.randn(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, dim: int = 32, heads: int = 4, depth: int = 2, hidden: int = 64):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(1, dim, 2, stride=2)
+        self.cls = torch.nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = torch.nn.Parameter(torch.randn(17, dim) * 0.02)
+        self.blocks = torch.nn.ModuleList(Block(dim, heads, hidden) for _ in range(depth))
+        self.norm = torch.nn.LayerNorm(dim)
+        self.head = torch.nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for images ``(B, 1, 8, 8)``."""
+        h = self.patch(x).flatten(2).transpose(1, 2)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1) + self.pos
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h)[:, 0])
+
+
+def trained_pair(cfg: dict, cache: Path):
+    """``(model_a, model_b, data, training results)``, trained once, then from the cache.
+
+    State dicts are cached with ``torch.save`` and read with ``weights_only=True``.
+    """
+    data = load(cfg["data"])
+    models, results = [], []
+    for seed in SEEDS:
+        torch.manual_seed(seed)
+        model = cfg["make"]()
+        tag = "-".join(f"{k}{v}" for k, v in sorted(cfg["train"].items()))
+        path = cache / f"{cfg['name']}-{tag}-{seed}.pt"
+        if path.exists():
+            saved = torch.load(path, weights_only=True)
+            model.load_state_dict(saved["state_dict"])
+            result = saved["result"]
+        else:
+            start = time.process_time()
+            result = train(model, data, seed=seed, **cfg["train"])
+            result["train_seconds"] = time.process_time() - start
+            cache.mkdir(parents=True, exist_ok=True)
+            torch.save({"state_dict": model.state_dict(), "result": result}, path)
+        models.append(model.eval())
+        results.append(result)
+    return models[0], models[1], data, results
 
 
 def configs(quick: bool) -> list[dict]:
@@ -108,6 +153,9 @@ def configs(quick: bool) -> list[dict]:
             "train": ADAM | {"epochs": epochs},
         }
     )
+    out.append(
+        {"name": "vit", "make": ViT, "data": "digits", "train": ADAM | {"epochs": 3 * epochs}}
+    )
     return out
 
 
@@ -122,7 +170,7 @@ def timed(fn, repeats: int):
 
 
 def rebasin_align(model_a, model_b, x, repeats: int, seed: int = 0):
-    """rebasin's permuted copy of ``model_b`` (state dict) and the median seconds."""
+    """rebasin's permuted copy of ``model_b`` (state dict) and the median CPU seconds."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from rebasin import PermutationCoordinateDescent
@@ -130,10 +178,10 @@ def rebasin_align(model_a, model_b, x, repeats: int, seed: int = 0):
     def run():
         torch.manual_seed(seed)  # rebasin visits permutations in torch.randperm order
         net = copy.deepcopy(model_b)
-        start = perf_counter()
+        start = time.process_time()
         pcd = PermutationCoordinateDescent(model_a, net, x)
         pcd.rebasin(max_iterations=100)
-        return net, perf_counter() - start
+        return net, time.process_time() - start
 
     times, net = [], None
     for _ in range(repeats):
@@ -213,143 +261,146 @@ def curve_json(curve: Curve) -> dict:
     }
 
 
-def run_pair(cfg: dict, repeats: int) -> dict:
-    """Train one pair, align B onto A every way, and measure the paths."""
-    data = load(cfg["data"])
-    models, accuracies = [], []
-    for seed in SEEDS:
-        torch.manual_seed(seed)
-        model = cfg["make"]()
-        start = perf_counter()
-        result = train(model, data, seed=seed, **cfg["train"])
-        result["train_seconds"] = perf_counter() - start
-        models.append(model.eval())
-        accuracies.append(result)
-    model_a, model_b = models
+ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, rebasin torch seed)
+ALIGNERS = {
+    "wsym": {"method": "weights", "continuous": "reference"},
+    "wsym canonical": {"method": "weights", "continuous": "canonical"},
+    "wsym activations": {"method": "activations", "continuous": "reference"},
+}
+
+
+def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
+    """Align B onto A every way, over ``orders`` visiting orders, and measure the paths."""
+    model_a, model_b, data, accuracies = trained_pair(cfg, cache)
     sd_a, sd_b = (
         {k: v.detach().clone() for k, v in m.state_dict().items()} for m in (model_a, model_b)
     )
     x_example = data.x_train[:64]
-    spec, detect_s = timed(lambda: wsym.detect(model_a, x_example), repeats)
+    start = time.process_time()
+    spec = wsym.detect(model_a, x_example)
+    detect_s = time.process_time() - start
     splits = {"train": list(data.batches("train", 1000)), "test": list(data.batches("test", 1000))}
-    act_batches = list(data.batches("train", 256, seed=0, shuffle=True))[:4]
-
-    methods: dict[str, dict] = {"naive": {"sd": sd_b, "seconds": 0.0}}
-    sd, seconds = timed(lambda: wsym.align(sd_a, sd_b, spec, "weights"), repeats)
-    methods["weights"] = {"sd": sd, "seconds": seconds}
-    sd, seconds = timed(
-        lambda: wsym.align(sd_a, sd_b, spec, "activations", model=model_a, batches=act_batches),
-        repeats,
-    )
-    methods["activations"] = {"sd": sd, "seconds": seconds}
-    try:
-        sd, seconds = rebasin_align(model_a, model_b, x_example, repeats)
-        methods["rebasin"] = {"sd": sd, "seconds": seconds}
-    except Exception as err:  # noqa: BLE001 - reported in the table
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        methods["rebasin"] = {"error": f"{type(err).__name__}: {text}"[:300]}
-
-    sd, seconds = timed(lambda: permutation_only(sd_a, sd_b, spec), repeats)
-    methods["weights, perm only"] = {"sd": sd, "seconds": seconds}
-
-    has_bn = has_batchnorm(model_a)
-    if has_bn and "sd" in methods["rebasin"]:
-        methods["rebasin + BN recomputed"] = {
-            "sd": reset_batchnorm_stats(model_a, methods["rebasin"]["sd"], splits["train"]),
-            "seconds": methods["rebasin"]["seconds"],
-        }
-
+    stat_batches = list(data.batches("train", 256, seed=0, shuffle=True))[:4]
     x_check = data.x_test[:256]
-    for name, m in methods.items():
-        if "sd" not in m:
-            continue
-        m["l2_to_a"] = l2(sd_a, m["sd"])
-        m["output_change"] = output_change(model_a, sd_b, m["sd"], x_check)
-        for split, batches in splits.items():
-            m[split] = wsym.interpolate(model_a, sd_a, m["sd"], batches, F.cross_entropy, STEPS)
-        if has_bn and name != "rebasin + BN recomputed":
-            m["bn_reset"] = bn_reset_curves(model_a, sd_a, m["sd"], splits["train"], splits)
 
+    def measure(sd, seconds, repair=True):
+        m = {
+            "seconds": seconds,
+            "output_change": output_change(model_a, sd_b, sd, x_check),
+            "l2_to_a": l2(sd_a, sd),
+        }
+        for split, batches in splits.items():
+            m[split] = wsym.interpolate(model_a, sd_a, sd, batches, F.cross_entropy, STEPS)
+            if repair:
+                m[f"{split} repair"] = wsym.interpolate(
+                    model_a,
+                    sd_a,
+                    sd,
+                    batches,
+                    F.cross_entropy,
+                    STEPS,
+                    repair=True,
+                    repair_batches=stat_batches,
+                )
+        return m
+
+    methods: dict[str, list[dict]] = {"naive": [measure(sd_b, 0.0)]}
+    for name, kw in ALIGNERS.items():
+        runs = []
+        for seed in range(orders if name != "wsym activations" else 1):
+            start = time.process_time()
+            sd = wsym.align(
+                sd_a,
+                sd_b,
+                spec,
+                kw["method"],
+                continuous=kw["continuous"],
+                model=model_a,
+                batches=stat_batches,
+                seed=seed,
+            )
+            runs.append(measure(sd, time.process_time() - start, repair=name == "wsym"))
+        methods[name] = runs
+    runs = []
+    for seed in range(orders):
+        try:
+            sd, seconds = rebasin_align(model_a, model_b, x_example, 1, seed=seed)
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            runs = [{"error": f"{type(err).__name__}: {text}"[:300]}]
+            break
+        runs.append(measure(sd, seconds))
+    methods["rebasin"] = runs
     return {
         "name": cfg["name"],
         "data": cfg["data"],
         "train_args": cfg["train"],
         "parameters": sum(p.numel() for p in model_a.parameters()),
         "groups": len(spec.groups),
+        "batchnorm": has_batchnorm(model_a),
         "detect_seconds": detect_s,
         "accuracies": accuracies,
         "methods": methods,
     }
 
 
-def cell(m: dict | None, curve_of, naive: float | None) -> str:
-    """A barrier cell: value, ratio to naive, ``*`` if the function changed."""
-    if m is None:
+def summary(runs: list[dict], key: str) -> tuple[float, float, float] | None:
+    """(median, least, largest) barrier over the runs, None where there is none."""
+    values = [r[key].barrier for r in runs if key in r]
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values)
+
+
+def cell(runs: list[dict], key: str, naive: float) -> str:
+    """Median barrier (ratio to naive) [least-largest], ``*`` where the function changed."""
+    if not runs:
         return "n/a"
-    if "error" in m:
+    if "error" in runs[0]:
         return "error (below)"
-    b = curve_of(m).barrier
-    star = " *" if m["output_change"] > 1e-3 else ""
-    return f"{b:.3f} ({b / naive:.2f}x){star}" if naive else f"{b:.3f}{star}"
+    med, lo, hi = summary(runs, key)
+    star = " *" if max(r["output_change"] for r in runs) > 1e-3 else ""
+    spread = f" [{lo:.3f}-{hi:.3f}]" if len(runs) > 1 else ""
+    return f"{med:.3f} ({med / naive:.2f}x){spread}{star}"
+
+
+def seconds(runs: list[dict]) -> float | None:
+    values = [r["seconds"] for r in runs if "seconds" in r]
+    return statistics.median(values) if values else None
+
+
+COLUMNS = ("wsym", "wsym canonical", "wsym activations", "rebasin")
 
 
 def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
-    """One row per model (two more for BatchNorm models): barriers and seconds."""
+    """Per pair: as is, then with REPAIR (BatchNorm: statistics reset) at every point."""
     ms = res["methods"]
-    rb = ms.get("rebasin")
-    w_s, det_s = ms["weights"]["seconds"], res["detect_seconds"]
-    rb_s = rb.get("seconds") if rb else None
+    naive = ms["naive"][0][split].barrier
+    w_s, rb_s = seconds(ms["wsym"]), seconds(ms["rebasin"])
     times = (
         f"{w_s:.3f}",
-        f"{det_s:.3f}",
         f"{rb_s:.3f}" if rb_s is not None else "",
-        f"{rb_s / w_s:.1f}" if rb_s is not None else "",
-        f"{rb_s / (w_s + det_s):.1f}" if rb_s is not None else "",
+        f"{rb_s / w_s:.2f}" if rb_s is not None else "",
     )
-
-    def on_split(m):
-        return m[split]
-
-    def bn_reset(m):
-        return m["bn_reset"][split]
-
-    naive = ms["naive"][split].barrier
-    rows = [
+    rows = [(res["name"], f"{naive:.3f}", *(cell(ms[k], split, naive) for k in COLUMNS), *times)]
+    key = f"{split} repair"
+    naive_r = ms["naive"][0][key].barrier
+    label = "  BN statistics reset" if res["batchnorm"] else "  + REPAIR"
+    rows.append(
         (
-            res["name"],
-            f"{naive:.3f}",
-            *(cell(ms.get(k), on_split, naive) for k in ("weights", "activations", "rebasin")),
-            *times,
+            label,
+            f"{naive_r:.3f}",
+            cell(ms["wsym"], key, naive_r),
+            "",
+            "",
+            cell(ms["rebasin"], key, naive_r) if "error" not in ms["rebasin"][0] else "",
         )
-    ]
-    if "rebasin + BN recomputed" in ms:
-        m = ms["rebasin + BN recomputed"]
-        rows.append(("  rebasin + BN recomputed", "=", "=", "=", cell(m, on_split, naive)))
-    if "bn_reset" in ms["naive"]:
-        naive = bn_reset(ms["naive"]).barrier
-        rows.append(
-            (
-                "  BN reset per point",
-                f"{naive:.3f}",
-                *(cell(ms.get(k), bn_reset, naive) for k in ("weights", "activations", "rebasin")),
-            )
-        )
+    )
     return rows
 
 
 def print_table(results: list[dict], split: str) -> None:
-    head = (
-        "model",
-        "naive",
-        "weights (x naive)",
-        "activations (x naive)",
-        "rebasin (x naive)",
-        "wsym s",
-        "detect s",
-        "rebasin s",
-        "rebasin/wsym",
-        "rebasin/(detect+wsym)",
-    )
+    head = ("pair", "naive", *COLUMNS, "wsym s", "rebasin s", "rebasin/wsym")
     lines = [row for res in results for row in table_rows(res, split)]
     lines = [row + ("",) * (len(head) - len(row)) for row in lines]
     widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
@@ -357,64 +408,62 @@ def print_table(results: list[dict], split: str) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-def report(results: list[dict]) -> None:
+def report(results: list[dict], orders: int) -> None:
     for split in ("train", "test"):
-        print(f"\nLoss barrier on the {split} split ({STEPS} points; x naive = ratio to naive)")
+        print(
+            f"\nLoss barrier on the {split} split ({STEPS} points): median over {orders} visiting"
+            " orders (ratio to naive) [least-largest]"
+        )
         print_table(results, split)
     print(
         "\n* the aligned model B computes a different function (relative output change > 1e-3)."
-        "\n= same as the row above. wsym s: wsym.align weights; activation matching times below."
-        "\nrebasin/wsym: rebasin seconds over wsym.align seconds (> 1: wsym is faster);"
-        "\nrebasin/(detect+wsym): like with like, both including their set-up on the models."
+        "\nwsym: wsym.align(method='weights') (continuous groups fitted to A);"
+        " wsym canonical: continuous='canonical' (the previous default);"
+        "\nwsym activations: one order. REPAIR / BN statistics reset at every point of the path"
+        " on 4 train batches of 256.\nwsym s, rebasin s: median CPU seconds of one alignment"
+        " (spec given; rebasin traces the pair itself); wsym.detect: see below."
     )
-    print("\nFinal models (seed 0 / seed 1): train accuracy, test accuracy, training seconds")
+    print("\nFinal models (seed 0 / seed 1): train accuracy, test accuracy, training CPU seconds")
     for res in results:
         a, b = res["accuracies"]
         print(
             f"  {res['name']:<12} train {a['train_accuracy']:.3f} / {b['train_accuracy']:.3f}"
             f"   test {a['test_accuracy']:.3f} / {b['test_accuracy']:.3f}"
             f"   {a['train_seconds']:.1f} s / {b['train_seconds']:.1f} s"
-            f"   ({res['parameters']} parameters, {res['groups']} groups)"
+            f"   ({res['parameters']} parameters, {res['groups']} groups,"
+            f" detect {res['detect_seconds']:.2f} s)"
         )
-    print(
-        "\nPer method: alignment seconds, L2 distance to model A, relative output change of B,"
-        "\ntrain loss of B, loss barrier train / test (BN reset per point: train / test)"
-    )
+    print("\nLargest relative output change of B over the orders (function kept: < 1e-6)")
     for res in results:
-        for name, m in res["methods"].items():
-            if "error" in m:
-                print(f"  {res['name']:<12} {name:<24} failed: {m['error']}")
+        parts = []
+        for name, runs in res["methods"].items():
+            if name == "naive":
                 continue
-            bn = m.get("bn_reset")
-            extra = f"   ({bn['train'].barrier:.3f} / {bn['test'].barrier:.3f})" if bn else ""
-            print(
-                f"  {res['name']:<12} {name:<24} {m['seconds']:6.3f} s  L2 {m['l2_to_a']:7.3f}"
-                f"  change {m['output_change']:.0e}  B {m['train'].losses[-1]:.3f}"
-                f"  barrier {m['train'].barrier:.3f} / {m['test'].barrier:.3f}{extra}"
-            )
+            if "error" in runs[0]:
+                parts.append(f"{name} failed: {runs[0]['error']}")
+            else:
+                parts.append(f"{name} {max(r['output_change'] for r in runs):.0e}")
+        print(f"  {res['name']:<12} " + ", ".join(parts))
 
 
 def to_json(results: list[dict], args) -> dict:
     out = []
     for res in results:
         methods = {}
-        for name, m in res["methods"].items():
-            entry = {k: v for k, v in m.items() if k not in ("sd", "train", "test", "bn_reset")}
-            for split in ("train", "test"):
-                if split in m:
-                    entry[split] = curve_json(m[split])
-            if "bn_reset" in m:
-                entry["bn_reset"] = {s: curve_json(c) for s, c in m["bn_reset"].items()}
-            methods[name] = entry
-        out.append(
-            {k: v for k, v in res.items() if k != "methods"}
-            | {"methods": methods, "train_args": res["train_args"]}
-        )
+        for name, runs in res["methods"].items():
+            entries = []
+            for m in runs:
+                entry = {}
+                for k, v in m.items():
+                    entry[k] = curve_json(v) if isinstance(v, Curve) else v
+                entries.append(entry)
+            methods[name] = entries
+        out.append({k: v for k, v in res.items() if k != "methods"} | {"methods": methods})
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "quick": args.quick,
-        "repeats": args.repeats,
+        "orders": args.orders,
         "steps": STEPS,
         "seeds": list(SEEDS),
         "results": out,
@@ -425,25 +474,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results as JSON to this path")
     parser.add_argument("--quick", action="store_true", help="1 epoch per model (smoke run)")
-    parser.add_argument("--repeats", type=int, default=None, help="timing repeats (3; quick 1)")
+    parser.add_argument("--orders", type=int, default=ORDERS, help="visiting orders (5)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
+    parser.add_argument("--cache", default=".cache/alignment", help="trained pairs (gitignored)")
     parser.add_argument(
         "--only", nargs="+", default=None, help="run only these pairs (e.g. transformer mlp-512)"
     )
     args = parser.parse_args()
-    args.repeats = args.repeats or (1 if args.quick else 3)
     if args.threads:
         torch.set_num_threads(args.threads)
     start = perf_counter()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats}")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, orders {args.orders}")
     wsym.detect(MLP(4, [4], 2), torch.randn(2, 4))  # warm up torch.export
     results = []
     for cfg in configs(args.quick):
         if args.only and cfg["name"] not in args.only:
             continue
-        results.append(run_pair(cfg, args.repeats))
+        results.append(run_pair(cfg, args.orders, Path(args.cache)))
         print(f"  {cfg['name']} done at {perf_counter() - start:.0f} s", file=sys.stderr)
-    report(results)
+    report(results, args.orders)
     print(f"\ntotal {perf_counter() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -1,30 +1,38 @@
 """Alignment: move one checkpoint onto another's basis, modulo the detected symmetries.
 
-Both state dicts are first canonicalized in every group but permutations
-(scales balanced, GL blocks factored, signs and column signs fixed), so that
-matching compares like with like. Permutations are then matched
+The default (``continuous="reference"``) minimizes the weight-matching
+objective ``sum_k ||g . other_k - ref_k||^2`` over the whole group, by rounds
+of block coordinate descent (derivations in ``docs/alignment.md``):
 
-* by **weights**: coordinate descent over all permutation classes at once
-  (Git Re-Basin's weight matching): each class solves a linear assignment
-  between the units' slices in every tensor the class touches, with the other
-  classes' current permutations applied, until no class moves;
-* by **activations**: per class, the correlation of its units' activations at a
-  traced site over a few batches, solved by linear assignment; classes without
-  a site fall back to weight matching.
+* **permutations**, by **weights**: coordinate descent over all permutation
+  classes at once (Git Re-Basin's weight matching): each class solves a linear
+  assignment between the units' slices in every tensor the class touches,
+  signs and head rotations maximized inside the pairing score
+  (:mod:`wsym.matching`); or by **activations**: per class, the correlation of
+  its units' activations at every traced site over a few batches, solved by
+  linear assignment; classes without a site fall back to weight matching;
+* **continuous groups fitted to the reference** (:mod:`wsym.continuous`):
+  per-unit scales from the quartic's best root, orthogonal Procrustes, the GL
+  element per head on both factors, translations exactly.
 
-Heads are units of their permutation class, so they are matched as blocks; a
-residual-stream permutation moves every tensor of the stream. GL/orthogonal
-blocks (query/key, value/output per head), balanced by canonicalization, are
-then rotated onto the reference's by orthogonal Procrustes. The result is
-expressed in the reference's own basis (its canonicalization is undone).
+Both checkpoints have their sign conventions fixed first; raw scales are kept
+(matching independently balanced scales made the BatchNorm CNN worse), unless
+a checkpoint is far from balanced (``IMBALANCE``), where the canonical start
+is taken. ``continuous="canonical"`` is the previous method: both checkpoints
+canonicalized in every group but permutations, matched once, GL blocks
+rotated onto the reference's by Procrustes, and the result expressed in the
+reference's own basis.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from wsym.assignment import assignment
 from wsym.canon import canonical_element
+from wsym.continuous import fit_continuous, mismatch
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
@@ -35,10 +43,22 @@ from wsym.matching import procrustes, weight_matching
 # two different networks need not agree unit by unit, so weight matching also matches signs
 # (signed units).
 NO_PERMUTATION = kinds_where(permutes=False)
+SIGNS = kinds_where(flips=True)
 # Balancing sweeps stop when a sweep moves less than this (canonical forms then agree to about
 # 1e-11 relative, far below what the matching scores resolve; 15-20% fewer sweeps than the
 # 1e-12 of wsym.canonicalize). Each checkpoint only moves inside its orbit, whatever the tol.
 CANON_TOL = 1e-10
+# Rounds of matching and continuous fits stop when a round lowers the objective by less than
+# this, relative (trained pairs of benchmarks/alignment.py: the first round takes >99% of the
+# drop, the second <0.5%, a third <1e-6).
+ROUND_TOL = 1e-4
+CONTINUOUS = ("reference", "canonical", "canonical+reference")
+# continuous="reference" matches raw weights where both checkpoints are near their balanced
+# point: every unit within this factor (log) of its balanced scale, every GL block's balancing
+# element within this square-rooted condition number. Trained pairs of benchmarks/alignment.py
+# stay within e^1.3; a copy moved by scales in 1e-2..1e2 is past e^4, where raw weight
+# matching pairs the wrong units and the canonical start is taken instead.
+IMBALANCE = math.log(10.0)
 
 
 def align(
@@ -47,6 +67,7 @@ def align(
     spec: SymmetrySpec,
     method: str = "weights",
     *,
+    continuous: str = "reference",
     model: torch.nn.Module | None = None,
     batches=None,
     max_iter: int = 100,
@@ -59,6 +80,16 @@ def align(
         sd_other: the state dict to move.
         spec: the :class:`~wsym.spec.SymmetrySpec`.
         method: ``"weights"`` or ``"activations"`` (needs ``model`` and ``batches``).
+        continuous: ``"reference"`` (default): from the raw weights (from the
+            canonical alignment where a checkpoint is far from balanced, see
+            ``IMBALANCE``), the
+            permutations matched and the continuous groups fitted to
+            ``sd_ref`` (:mod:`wsym.continuous`), alternately, until the
+            weight-matching objective stops dropping; ``"canonical"``: both
+            checkpoints canonicalized in their continuous groups, matched
+            once; ``"canonical+reference"``: the canonical alignment, then
+            refined as ``"reference"`` (robust to a checkpoint rescaled by
+            orders of magnitude, which raw matching is not).
         model: the module (activation matching runs it at both state dicts).
         batches: iterable of ``(inputs, targets)``; only the inputs are used.
         max_iter: sweeps of weight matching.
@@ -75,24 +106,121 @@ def align(
         True
     """
     check_same_architecture(spec, sd_ref, sd_other)
+    if method not in ("weights", "activations"):
+        raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
+    if continuous not in CONTINUOUS:
+        raise WsymInputError(
+            f"unknown continuous alignment {continuous!r}; use one of {', '.join(CONTINUOUS)}"
+        )
+    if method == "activations" and (model is None or batches is None):
+        raise WsymInputError(
+            "activation matching needs model= and batches=; or use method='weights'"
+        )
+    batches = list(batches) if batches is not None else None
+    options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
+    if (
+        continuous == "reference"
+        and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE
+    ):
+        continuous = "canonical+reference"
+    if continuous == "reference":
+        # Sign conventions first (an isometry: the objective is the same in either basis), so
+        # that copies differing by sign flips start matched; scales stay as they are.
+        ref, g_ref = canonical_element(sd_ref, spec, kinds=SIGNS)
+        other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
+        moved = reference_alignment(spec, ref, other, method, **options)
+        moved = act(spec, g_ref.inverse(), moved)
+    else:
+        moved = _canonical_alignment(spec, sd_ref, sd_other, method, **options)
+        if continuous == "canonical+reference":
+            moved = reference_alignment(spec, _float64(sd_ref), moved, method, **options)
+    return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
+
+
+def reference_alignment(
+    spec: SymmetrySpec,
+    ref: dict,
+    other: dict,
+    method: str = "weights",
+    *,
+    model=None,
+    batches=None,
+    max_iter: int = 100,
+    seed: int = 0,
+    rounds: int = 10,
+) -> dict:
+    """``other`` (float64) moved by permutation matching and continuous fits, alternately.
+
+    Each round matches the permutations (and signs, rotations) on the current
+    weights, then fits every continuous group to ``ref``
+    (:func:`wsym.continuous.fit_continuous`); every step lowers the
+    weight-matching objective or keeps it, and the rounds stop when a round
+    lowers it by less than ``ROUND_TOL`` relative. With ``method="activations"``
+    the permutations of classes with a traced site come from activations
+    first, and stay fixed.
+    """
+    fixed: set[int] = set()
+    current = other
+    if method == "activations":
+        perms, fixed = activation_matching(spec, model, ref, current, batches)
+        current = act(spec, GroupElement(tuple(perms)), current)
+    value = mismatch(spec, ref, current)
+    scale = mismatch(spec, ref, {k: torch.zeros_like(v) for k, v in ref.items()})
+    if value <= 1e-16 * scale:  # on the reference to 1e-8 (a recovered copy): nothing to fit
+        return current
+    for r in range(rounds):
+        start = value
+        perms = weight_matching(
+            spec, ref, current, max_iter=max_iter, seed=seed, fixed=fixed, warm=r > 0
+        )
+        current = act(spec, GroupElement(tuple(perms)), current)
+        current = act(spec, GroupElement(tuple(fit_continuous(spec, ref, current))), current)
+        value = mismatch(spec, ref, current)
+        if start - value <= ROUND_TOL * max(start, 1e-300):
+            break
+    return current
+
+
+def _canonical_alignment(
+    spec: SymmetrySpec, sd_ref: dict, sd_other: dict, method: str, **options
+) -> dict:
+    """Both canonicalized in the continuous groups, matched, expressed in ``sd_ref``'s basis."""
+    max_iter, seed = options["max_iter"], options["seed"]
     ref, g_ref = canonical_element(sd_ref, spec, kinds=NO_PERMUTATION, tol=CANON_TOL)
     other, _ = canonical_element(sd_other, spec, kinds=NO_PERMUTATION, tol=CANON_TOL)
     if method == "weights":
         perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed)
-    elif method == "activations":
-        if model is None or batches is None:
-            raise WsymInputError(
-                "activation matching needs model= and batches=; or use method='weights'"
-            )
-        perms, matched = activation_matching(spec, model, ref, other, batches)
+    else:
+        perms, matched = activation_matching(spec, options["model"], ref, other, options["batches"])
         other = act(spec, GroupElement(tuple(perms)), other)
         perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, fixed=matched)
-    else:
-        raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
     aligned = act(spec, GroupElement(tuple(perms)), other)
     aligned = act(spec, GroupElement(tuple(procrustes(spec, ref, aligned))), aligned)
-    back = act(spec, g_ref.inverse(), aligned)
-    return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in back.items()}
+    return act(spec, g_ref.inverse(), aligned)
+
+
+def imbalance(spec: SymmetrySpec, sd: dict) -> float:
+    """How far ``sd`` is from its balanced point: the largest ``|log s|`` of one balancing step.
+
+    Per scaling unit, ``|log s|`` of the scale that would balance it; per GL
+    block, half the log condition number of its balancing element.
+    """
+    from wsym.canon import _continuous
+
+    sd = _float64(sd)
+    out = 0.0
+    for i, g in enumerate(spec.groups):
+        kind = kind_of(g)
+        if kind.diagonal and kind.continuous:
+            out = max(out, _continuous(spec, sd, i)[1])
+        elif kind.matrix and not kind.self_dual:
+            m, _ = _continuous(spec, sd, i)
+            out = max(out, 0.5 * float(torch.linalg.cond(m).log().max()))
+    return out
+
+
+def _float64(sd: dict) -> dict:
+    return {k: v.detach().double() if v.is_floating_point() else v for k, v in sd.items()}
 
 
 def check_same_architecture(spec: SymmetrySpec, *state_dicts: dict) -> None:

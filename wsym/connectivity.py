@@ -73,7 +73,15 @@ def figure(curves: dict[str, Curve], title: str = ""):
 
 
 def interpolate(
-    model: torch.nn.Module, sd_a: dict, sd_b: dict, batches, loss_fn, steps: int = 11
+    model: torch.nn.Module,
+    sd_a: dict,
+    sd_b: dict,
+    batches,
+    loss_fn,
+    steps: int = 11,
+    *,
+    repair: bool | str = False,
+    repair_batches=None,
 ) -> Curve:
     """Evaluate ``model`` at ``steps`` points of the segment from ``sd_a`` to ``sd_b``.
 
@@ -84,9 +92,20 @@ def interpolate(
         batches: iterable of ``(inputs, targets)``.
         loss_fn: ``loss_fn(outputs, targets)`` -> mean loss of the batch.
         steps: number of points, endpoints included.
+        repair: at every point, REPAIR (:mod:`wsym.repair`): BatchNorm
+            statistics recomputed, other units' pre-activation mean and std
+            set to the interpolation of the endpoints'; ``"batchnorm"``: only
+            the BatchNorm statistics recomputed.
+        repair_batches: batches to measure the statistics on (default ``batches``).
     """
     batches = list(batches)
     alphas = [i / (steps - 1) for i in range(steps)]
+    fix = None
+    if repair:
+        from wsym.repair import Repair
+
+        on = batches if repair_batches is None else repair_batches
+        fix = Repair(model, [sd_a, sd_b], on, units=repair != "batchnorm")
     losses, accuracies = [], []
     for a in alphas:
         sd = {
@@ -95,6 +114,8 @@ def interpolate(
             else v
             for k, v in sd_a.items()
         }
+        if fix is not None:
+            sd = fix(sd, [1 - a, a])
         loss, acc = _evaluate(model, sd, batches, loss_fn)
         losses.append(loss)
         accuracies.append(acc)

@@ -148,18 +148,19 @@ def plain_score(ref: torch.Tensor, cur: torch.Tensor, previous=None) -> torch.Te
 
 
 def match_class(
-    spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, current: dict, memo=None
+    spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, current: dict, memo=None, warm=False
 ) -> list:
     """The components (permutation, then signs) that improve the class's match, if any.
 
     ``memo`` (a dict) keeps each class's unit matrix and plain score, in the
     basis after its own step, for the next call's update (:func:`plain_score`).
+    ``warm``: the identity is expected near the optimum even on a first solve.
     """
     cur = class_units(spec, current, plan)
     previous = memo.get(plan.group) if memo is not None else None
     score, plain, odds = pairing_score(spec, plan, ref_units, cur, previous)
     rows = torch.arange(len(score))
-    perm = rows if plan.fixed else assignment(score, warm=previous is not None)
+    perm = rows if plan.fixed else assignment(score, warm=warm or previous is not None)
     gain = float(score[rows, perm].sum() - score.trace())
     if gain <= 1e-12 * max(1.0, float(plain.trace().abs())):
         perm = rows  # no strict gain from moving units: keep them, only fix signs
@@ -192,6 +193,7 @@ def weight_matching(
     groups=None,
     fixed=(),
     rotations: bool = True,
+    warm: bool = False,
 ) -> list[tuple[int, object]]:
     """Components (permutations, signs, rotations) that move ``other`` closest to ``ref``.
 
@@ -211,6 +213,8 @@ def weight_matching(
         groups: permutation groups to solve (default: all).
         fixed: permutation groups whose permutation is held (their signs are matched).
         rotations: solve the GL/orthogonal rotations between sweeps.
+        warm: ``other`` is expected to be nearly matched already (a later
+            round of :func:`wsym.align.reference_alignment`): every solve warm.
 
     Example:
         >>> import torch, wsym
@@ -240,7 +244,7 @@ def weight_matching(
                 continue
             clock += 1
             solved_at[i] = clock
-            step = match_class(spec, plan, ref_units[i], current, memo)
+            step = match_class(spec, plan, ref_units[i], current, memo, warm)
             if step:
                 clock += 1
                 current = _apply(spec, current, step, comps, moved_at, clock)

@@ -84,12 +84,8 @@ def add_commands(commands: Any) -> None:
     )
     _add_out(merge)
     _add_method(merge)
-    add_data_options(merge, "train", "for activation matching and --reset-batchnorm")
-    merge.add_argument(
-        "--reset-batchnorm",
-        action="store_true",
-        help="recompute BatchNorm running statistics of the merge on --data",
-    )
+    add_data_options(merge, "train", "for activation matching, --repair and --reset-batchnorm")
+    _add_statistics(merge, "the merge")
     merge.set_defaults(handler=run_merge)
 
     barrier = add_command(
@@ -109,6 +105,8 @@ def add_commands(commands: Any) -> None:
         help="how to align B to A before the second curve (default weights)",
     )
     barrier.add_argument("--steps", type=int, default=11, help="points on the path (default 11)")
+    _add_statistics(barrier, "every point of the path (on the train split)")
+    _add_continuous(barrier)
     add_data_options(
         barrier, "test", "to evaluate the loss on (activations match on train)", required=True
     )
@@ -124,6 +122,32 @@ def _add_out(parser: argparse.ArgumentParser) -> None:
 def _add_method(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method", choices=METHODS, default="weights", help="alignment method (default weights)"
+    )
+    _add_continuous(parser)
+
+
+def _add_continuous(parser: argparse.ArgumentParser) -> None:
+    from wsym.align import CONTINUOUS
+
+    parser.add_argument(
+        "--continuous",
+        choices=CONTINUOUS,
+        default="reference",
+        help="continuous groups: fitted to the reference (default) or canonicalized",
+    )
+
+
+def _add_statistics(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help=f"REPAIR {where}: BatchNorm statistics reset, other units' mean and std "
+        "set to the endpoints' interpolation (needs --data)",
+    )
+    parser.add_argument(
+        "--reset-batchnorm",
+        action="store_true",
+        help=f"recompute BatchNorm running statistics of {where} on --data",
     )
 
 
@@ -145,7 +169,6 @@ def run_canon(args: argparse.Namespace) -> int:
 
 def run_align(args: argparse.Namespace) -> int:
     """``wsym align``: OTHER moved onto REF's basis; prints the distance before and after."""
-    import wsym
     from wsym.io import save_state_dict
 
     out = check_state_dict_out(args.out)
@@ -153,10 +176,7 @@ def run_align(args: argparse.Namespace) -> int:
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
-    model = _scratch(job.model, args.method)
-    aligned = wsym.align(
-        ref, other, job.spec, args.method, model=model, batches=data, seed=args.seed
-    )
+    aligned = _align(job, ref, other, args.method, data, args)
     save_state_dict(aligned, out)
     before, after = l2_distance(ref, other), l2_distance(ref, aligned)
     report = {
@@ -185,16 +205,22 @@ def run_merge(args: argparse.Namespace) -> int:
         raise WsymInputError("merge needs at least two checkpoints; pass CK1 CK2 [CK3 ...]")
     _need_data(args, args.method == "activations", "--method activations")
     _need_data(args, args.reset_batchnorm, "--reset-batchnorm")
+    _need_data(args, args.repair, "--repair")
     job = prepare(args, args.checkpoints)
     matching = matching_batches(job.data, args.split, args.batch_size) if job.data else None
+    if args.repair:  # the statistics are measured on the whole split
+        matching = batches(job.data, args.split, args.batch_size)
     merged = wsym.merge(
         job.states,
         job.spec,
         method=args.method,
+        continuous=args.continuous,
         model=_scratch(job.model, args.method),
         batches=matching,
+        repair=args.repair,
+        seed=args.seed,
     )
-    if args.reset_batchnorm:
+    if args.reset_batchnorm and not args.repair:
         data = batches(job.data, args.split, args.batch_size)
         merged = _reset_batchnorm(job.model, merged, data)
     save_state_dict(merged, out)
@@ -202,6 +228,8 @@ def run_merge(args: argparse.Namespace) -> int:
         "checkpoints": list(args.checkpoints),
         "out": str(out),
         "method": args.method,
+        "continuous": args.continuous,
+        "repair": args.repair,
         "reset_batchnorm": args.reset_batchnorm,
     }
     text = f"merge of {len(args.checkpoints)} checkpoints ({args.method} matching) written to {out}"
@@ -211,8 +239,6 @@ def run_merge(args: argparse.Namespace) -> int:
 
 def run_barrier(args: argparse.Namespace) -> int:
     """``wsym barrier``: loss and accuracy along A -> B, naive and with B aligned to A."""
-    import wsym
-
     out = check_out_dir(args.out)
     if args.steps < 2:
         raise WsymInputError(f"--steps must be at least 2 (both endpoints), got {args.steps}")
@@ -221,10 +247,7 @@ def run_barrier(args: argparse.Namespace) -> int:
     curves = {"naive": _curve(job, sd_a, sd_b, args)}
     if args.align != "none":
         matching = matching_batches(job.data, "train", args.batch_size)
-        model = _scratch(job.model, args.align)
-        aligned = wsym.align(
-            sd_a, sd_b, job.spec, args.align, model=model, batches=matching, seed=args.seed
-        )
+        aligned = _align(job, sd_a, sd_b, args.align, matching, args)
         curves["aligned"] = _curve(job, sd_a, aligned, args)
     report = _barrier_report(args, curves)
     title = f"{Path(args.a).name} -> {Path(args.b).name} ({args.data} {args.split})"
@@ -247,6 +270,23 @@ def run_barrier(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _align(job: Any, ref: dict, other: dict, method: str, data, args: argparse.Namespace) -> dict:
+    """``other`` aligned to ``ref`` by ``method`` with the command's ``--continuous`` and seed."""
+    import wsym
+
+    model = _scratch(job.model, method)
+    return wsym.align(
+        ref,
+        other,
+        job.spec,
+        method,
+        continuous=args.continuous,
+        model=model,
+        batches=data,
+        seed=args.seed,
+    )
+
+
 def _curve(job: Any, sd_a: dict, sd_b: dict, args: argparse.Namespace) -> Any:
     """Cross-entropy curve on ``--split``, evaluated in the model's own dtypes."""
     import torch
@@ -260,7 +300,18 @@ def _curve(job: Any, sd_a: dict, sd_b: dict, args: argparse.Namespace) -> Any:
 
     data = batches(job.data, args.split, args.batch_size)
     loss = torch.nn.functional.cross_entropy
-    return wsym.interpolate(job.model, cast(sd_a), cast(sd_b), data, loss, steps=args.steps)
+    repair = True if args.repair else "batchnorm" if args.reset_batchnorm else False
+    train = batches(job.data, "train", args.batch_size) if repair else None
+    return wsym.interpolate(
+        job.model,
+        cast(sd_a),
+        cast(sd_b),
+        data,
+        loss,
+        steps=args.steps,
+        repair=repair,
+        repair_batches=train,
+    )
 
 
 def _barrier_report(args: argparse.Namespace, curves: dict) -> dict:

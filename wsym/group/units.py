@@ -62,17 +62,27 @@ def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torc
 
 
 def unit_sums(
-    spec: SymmetrySpec, sd: dict, group: Group, power: int = 2
+    spec: SymmetrySpec, sd: dict, group: Group, power: int = 2, other: dict | None = None
 ) -> dict[int, torch.Tensor]:
-    """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
+    """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters.
+
+    With ``other``, the per-unit sums of ``entry * other's entry`` instead (``power`` unused).
+    """
     exps = dict(group.exponents)
     out: dict[int, torch.Tensor] = {}
-    for block, lv in _class_blocks(spec, sd, group.cls):
+    pairs = _class_blocks(spec, sd, group.cls)
+    seconds = _class_blocks(spec, other, group.cls) if other is not None else pairs
+    for (block, lv), (second, _) in zip(pairs, seconds, strict=True):
         for ax, leaf in enumerate(lv):
             e = exps.get(leaf.var, 0)
             if leaf.cls == group.cls and e:
                 rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-                rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
+                if other is not None:
+                    rows = (rows * second.movedim(ax, 0).reshape(rows.shape)).sum(1)
+                elif power == 2:
+                    rows = (rows * rows).sum(1)
+                else:
+                    rows = rows.abs().pow(power).sum(1)
                 out[e] = out.get(e, 0) + rows
     return out
 

@@ -1,0 +1,95 @@
+"""Continuous groups fitted to a reference: same function, objective never raised."""
+
+import pytest
+import torch
+from cases import BY_NAME
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from test_canon import double
+from test_detect import as_float64, outputs
+
+import wsym
+from wsym.continuous import best_scales, fit_continuous, gl_objective, mismatch
+from wsym.group.elements import GroupElement, act
+from wsym.matching import weight_matching
+
+CASES = ["mlp-relu", "residual-cnn", "tiny-transformer", "bert"]
+
+
+def independent(name):
+    """A second, independently initialized state dict of the case's architecture."""
+    torch.manual_seed(1)
+    return double(BY_NAME[name].build().state_dict())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_reference_alignment_keeps_the_function_and_lowers_the_objective(detected, name):
+    model, inputs, spec = detected(name)
+    ref, other = double(model.state_dict()), independent(name)
+    aligned = wsym.align(ref, other, spec)
+    net, x = as_float64(model, inputs)
+    before, after = outputs(net, other, x), outputs(net, aligned, x)
+    assert float((after - before).abs().max()) <= 1e-9 * float(before.abs().max())
+    perms_only = act(spec, GroupElement(tuple(weight_matching(spec, ref, other))), other)
+    assert mismatch(spec, ref, aligned) <= mismatch(spec, ref, perms_only) * (1 + 1e-12)
+    assert mismatch(spec, ref, perms_only) <= mismatch(spec, ref, other) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_continuous_fit_recovers_a_continuously_moved_copy(detected, name):
+    model, _, spec = detected(name)
+    sd = double(model.state_dict())
+    continuous = [g.kind for g in spec.groups if g.continuous]
+    moved = spec.act(spec.sample(seed=3, scale=(0.5, 2.0), kinds=continuous), sd)
+    back = act(spec, GroupElement(tuple(fit_continuous(spec, sd, moved))), moved)
+    assert mismatch(spec, sd, back) <= 1e-6 * mismatch(spec, sd, moved)
+
+
+@pytest.mark.parametrize("name", ["mlp-relu", "tiny-transformer"])
+def test_canonical_then_reference_recovers_copies_rescaled_by_orders_of_magnitude(detected, name):
+    model, _, spec = detected(name)
+    sd = double(model.state_dict())
+    moved = spec.act(spec.sample(seed=7, scale=(1e-2, 1e2)), sd)
+    back = wsym.align(sd, moved, spec, continuous="canonical+reference")
+    assert mismatch(spec, sd, back) <= 1e-12 * mismatch(spec, sd, moved)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.1, 10.0), min_size=2, max_size=2),
+    st.lists(st.floats(-10.0, 10.0), min_size=2, max_size=2),
+    st.sampled_from([(1, -1), (1,), (2, -1), (1, -2)]),
+)
+def test_best_scale_is_the_global_minimum_on_a_grid(squares, inner, exps):
+    assume(min(exps) < 0 or inner[0] > 0.1)  # else the infimum is at s -> 0, not attained
+    a = {e: torch.tensor([squares[i]], dtype=torch.float64) for i, e in enumerate(exps)}
+    b = {e: torch.tensor([inner[i]], dtype=torch.float64) for i, e in enumerate(exps)}
+
+    def objective(s):
+        return sum(a[e] * s ** (2 * e) - 2 * b[e] * s**e for e in exps)
+
+    s = best_scales(a, b)
+    grid = torch.logspace(-3, 3, 20001, dtype=torch.float64)
+    assert float(s) > 0
+    assert float(objective(s)) <= float(objective(grid).min()) + 1e-9
+    assert float(objective(s)) <= float(objective(torch.ones(1, dtype=torch.float64))) + 1e-12
+
+
+def test_gl_fit_lowers_each_heads_objective():
+    from wsym.continuous import _fit_gl
+
+    gen = torch.Generator().manual_seed(0)
+    g, h = (torch.randn(3, 10, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    m = torch.randn(3, 4, 4, generator=gen, dtype=torch.float64) + 2 * torch.eye(4)
+    g_ref, h_ref = g @ m, h @ torch.linalg.inv(m).transpose(-1, -2)
+    eye = torch.eye(4, dtype=torch.float64).expand(3, 4, 4)
+    mats, refs = {0: g, 1: h}, {0: g_ref, 1: h_ref}
+    fit = eye.clone()
+    for _ in range(20):  # fit_continuous calls it once per sweep, each from the last result
+        step = _fit_gl({0: g @ fit, 1: h @ torch.linalg.inv(fit).transpose(-1, -2)}, refs)
+        if step is None:
+            break
+        fit = fit @ step
+    start = gl_objective(eye, *mats.values(), *refs.values())
+    end = gl_objective(fit, *mats.values(), *refs.values())
+    assert (end < 1e-8 * start).all()
