@@ -72,7 +72,9 @@ class DataStream:
         self.mask = torch.zeros(n_all, dtype=torch.bool)
         self.mask[self.subset] = True
         self.batch, self.per_epoch = batch, n // batch
-        self.total_steps = int(hp["epochs"]) * self.per_epoch
+        # fine-tune presets fix the number of steps; the others count epochs
+        steps = hp.get("steps")
+        self.total_steps = int(steps) if steps is not None else int(hp["epochs"]) * self.per_epoch
         self.gen = gen
         self.pending = torch.empty(0, dtype=torch.long)
 
@@ -130,12 +132,23 @@ class DropoutMasks:
         return out
 
 
-def example_loss(out: torch.Tensor, y: torch.Tensor, regression: bool) -> torch.Tensor:
-    """Per-example loss ``(M, B)`` of outputs ``(M, B, C)`` (or ``(M, B)``) and targets."""
+def example_loss(
+    out: torch.Tensor, y: torch.Tensor, regression: bool, smoothing: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-example loss ``(M, B)`` of outputs ``(M, B, C)`` (or ``(M, B)``) and targets.
+
+    ``smoothing`` ``(M,)``: each member's label smoothing ``eps``, the loss
+    ``(1 - eps) CE + eps mean_c(-log p_c)`` (``F.cross_entropy``'s ``label_smoothing``).
+    """
     if regression:
         return (out - y) ** 2
     m, b = y.shape
-    return F.cross_entropy(out.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
+    ce = F.cross_entropy(out.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
+    if smoothing is None:
+        return ce
+    uniform = -out.log_softmax(dim=-1).mean(dim=-1)
+    eps = smoothing.view(m, 1)
+    return (1 - eps) * ce + eps * uniform
 
 
 def member_metrics(
