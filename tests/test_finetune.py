@@ -14,7 +14,7 @@ from wsym.sharpness.correlation import calibrate_rho, kendall, partial_kendall, 
 from wsym.zoo import finetune
 from wsym.zoo.presets import load_preset
 from wsym.zoo.streams import example_loss
-from wsym.zoo.tasks import load_task
+from wsym.zoo.tasks import IGNORE, load_task
 
 # the shipped preset at toy size: a few hundred signals, tens of steps
 _BASE = load_preset("vit-finetune")
@@ -139,3 +139,36 @@ def test_scramble_keeps_the_function_and_moves_the_weights():
     assert (
         moved["blocks.0.attn.q.weight"] - model.state_dict()["blocks.0.attn.q.weight"]
     ).abs().max() > 1e-2
+
+
+def test_masked_tokens_and_their_loss():
+    task = {"name": "mnist1d-tokens", "num_samples": 500, "levels": 8, "mask": 0.25}
+    data = load_task(task)
+    plain = load_task({**task, "mask": None})
+    hidden = data.y_train != IGNORE
+    assert data.x_train.shape == (400, 20) and bool((hidden.sum(1) == 5).all())
+    assert bool((data.x_train[hidden] == 8).all()) and int(plain.x_train.max()) == 7
+    assert torch.equal(data.y_train[hidden], plain.x_train[hidden])
+    out = torch.randn(2, 3, 20, 8, dtype=torch.float64)
+    y = data.y_train[:6].view(2, 3, 20)
+    got = example_loss(out, y, False)
+    for m in range(2):
+        for b in range(3):
+            assert got[m, b] == pytest.approx(float(F.cross_entropy(out[m, b], y[m, b])))
+
+
+def test_bert_preset_pretrains_by_masked_tokens(tmp_path):
+    base = load_preset("bert-finetune")
+    tiny = {
+        "dataset": {**base["dataset"], "num_samples": 300, "n_train": 60},
+        "pretrain": {
+            **base["pretrain"],
+            "dataset": {**base["pretrain"]["dataset"], "num_samples": 300},
+            "hyperparameters": {**base["pretrain"]["hyperparameters"], "steps": 10},
+        },
+        "hyperparameters": {"steps": 3, "batch_size": 16},
+    }
+    zoo = wsym.zoo.build("bert-finetune", members=2, out=tmp_path, progress=False, overrides=tiny)
+    upstream = zoo.manifest["pretrained"]
+    assert 0 <= upstream["test_acc"] <= 1 and upstream["steps"] == 10
+    assert zoo.model(0).pool == "mean" and zoo.state_dict(0)["head.weight"].shape == (5, 16)

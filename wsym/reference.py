@@ -154,6 +154,8 @@ class TinyTransformer(nn.Module):
         activation: the MLP's nonlinearity (``"relu"``, ``"gelu"``, ...).
         norm: ``"pre"`` (pre-LN blocks and a final LayerNorm, as ViT) or ``"post"``
             (post-LN blocks, as BERT).
+        pool: ``"mean"`` (logits ``(B, classes)`` of the mean token) or ``"none"``
+            (logits ``(B, T, classes)`` per token: masked-token pretraining).
 
     Example:
         >>> TinyTransformer(vocab=11, dim=8, heads=2, depth=1)(torch.randint(0, 11, (2, 5))).shape
@@ -173,8 +175,12 @@ class TinyTransformer(nn.Module):
         rotary: bool = False,
         activation: str = "relu",
         norm: str = "pre",
+        pool: str = "mean",
     ):
         super().__init__()
+        if pool not in ("mean", "none"):
+            raise ValueError(f"pool must be 'mean' or 'none', got {pool!r}")
+        self.pool = pool
         self.embed = nn.Embedding(vocab, dim) if vocab else nn.Linear(patch, dim)
         self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
         self.blocks = nn.ModuleList(
@@ -185,11 +191,12 @@ class TinyTransformer(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for token ids ``(B, T)`` or patches ``(B, T, patch)``."""
+        """Logits for token ids ``(B, T)`` or patches ``(B, T, patch)`` (per token: ``pool``)."""
         h = self.embed(x) + self.pos[: x.shape[1]]
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h).mean(dim=1))
+        h = self.norm(h)
+        return self.head(h.mean(dim=1) if self.pool == "mean" else h)
 
 
 class CNN1d(nn.Module):

@@ -237,7 +237,7 @@ class _GroupTrainer:
 
     def _train_step(self, idx: torch.Tensor, masks: dict[str, torch.Tensor]) -> None:
         """One step of every training member on its batch ``idx`` ``(M, B)``."""
-        y = self.targets.gather(1, idx)
+        y = self.targets[torch.arange(len(idx)).unsqueeze(1), idx]  # (M, B) or (M, B, T)
         x = self.data.x_train[idx]
         # differentiate w.r.t. leaf views of ``flat`` (not ``flat`` itself, whose slice
         # backward would zero-fill a full (M, P) gradient once per parameter)

@@ -16,6 +16,14 @@ to replace, e.g. ``{"iid_noise_scale": 0.1}``: a shifted distribution),
 ``n_train`` (keep the first ``n_train`` training examples), ``label_map``
 (``label_map[digit]`` is the class: a different task on the same signals).
 
+``{"name": "mnist1d-tokens", ...}`` takes the same options (but ``patch``) and
+turns each signal into ``40 / stride`` tokens: the mean of ``stride`` samples,
+cut into ``levels`` bins of equal mass on the training split (token ids
+``0..levels-1``). With ``mask`` (a fraction), it is a masked-token task: that
+fraction of each sequence's positions (at least one, drawn with ``mask_seed``)
+becomes the mask token ``levels``; targets are ``(N, T)`` original tokens there
+and :data:`IGNORE` elsewhere. Vocabulary: ``levels + 1``.
+
 Example:
     >>> data = load_task({"name": "sparse-regression", "n_train": 8, "n_test": 4, "d": 6,
     ...                   "nonzero": 2, "noise": 0.0, "seed": 0})
@@ -32,7 +40,9 @@ import torch
 from wsym import data as wdata
 from wsym.errors import WsymInputError
 
-NAMES = (*wdata.NAMES, "sparse-regression", "mnist1d-patches")
+NAMES = (*wdata.NAMES, "sparse-regression", "mnist1d-patches", "mnist1d-tokens")
+#: Target of positions a token-level loss ignores (``F.cross_entropy``'s default).
+IGNORE = -100
 
 
 def load_task(config: dict[str, Any]) -> wdata.Dataset:
@@ -45,6 +55,8 @@ def load_task(config: dict[str, Any]) -> wdata.Dataset:
         return sparse_regression(**options)
     if name == "mnist1d-patches":
         return mnist1d_patches(**options)
+    if name == "mnist1d-tokens":
+        return mnist1d_tokens(**options)
     raise WsymInputError(f"unknown zoo dataset {name!r}; use one of {', '.join(NAMES)}")
 
 
@@ -95,3 +107,37 @@ def mnist1d_patches(
         relabel[cut.y_test],
         name="mnist1d-patches",
     )
+
+
+def mnist1d_tokens(
+    seed: int = 0,
+    num_samples: int = 5000,
+    levels: int = 16,
+    stride: int = 2,
+    generator: dict[str, float] | None = None,
+    n_train: int | None = None,
+    label_map: list[int] | None = None,
+    mask: float | None = None,
+    mask_seed: int = 0,
+) -> wdata.Dataset:
+    """mnist1d as token sequences, classified or masked (see the module docstring)."""
+    signals = mnist1d_patches(seed, num_samples, stride, generator, n_train, label_map)
+    train, test = signals.x_train.mean(-1), signals.x_test.mean(-1)
+    cuts = torch.quantile(train.flatten().double(), torch.linspace(0, 1, levels + 1)[1:-1].double())
+    x_train = torch.bucketize(train.double(), cuts)
+    x_test = torch.bucketize(test.double(), cuts)
+    if mask is None:
+        return wdata.Dataset(x_train, signals.y_train, x_test, signals.y_test, "mnist1d-tokens")
+    gen = torch.Generator().manual_seed(mask_seed)
+    masked = [_masked(x, float(mask), levels, gen) for x in (x_train, x_test)]
+    return wdata.Dataset(*masked[0], *masked[1], name="mnist1d-tokens")
+
+
+def _masked(tokens: torch.Tensor, fraction: float, token: int, gen: torch.Generator):
+    """``tokens`` with ``fraction`` of each row's positions masked, and the targets there."""
+    n, t = tokens.shape
+    count = max(1, round(fraction * t))
+    positions = torch.rand(n, t, generator=gen).argsort(dim=1)[:, :count]
+    hidden = torch.zeros(n, t, dtype=torch.bool).scatter_(1, positions, True)
+    targets = torch.where(hidden, tokens, torch.full_like(tokens, IGNORE))
+    return tokens.masked_fill(hidden, token), targets
