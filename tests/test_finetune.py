@@ -16,18 +16,24 @@ from wsym.zoo.presets import load_preset
 from wsym.zoo.streams import example_loss
 from wsym.zoo.tasks import IGNORE, load_task
 
+
+def toy(preset: str, samples: int, n_train: int, pretrain_steps: int, hyperparameters: dict):
+    """Overrides shrinking a fine-tune preset to ``samples`` signals and a few steps."""
+    base = load_preset(preset)
+    return {
+        "dataset": {**base["dataset"], "num_samples": samples, "n_train": n_train},
+        "pretrain": {
+            **base["pretrain"],
+            "dataset": {**base["pretrain"]["dataset"], "num_samples": samples},
+            "hyperparameters": {**base["pretrain"]["hyperparameters"], "steps": pretrain_steps},
+        },
+        "hyperparameters": hyperparameters,
+    }
+
+
 # the shipped preset at toy size: a few hundred signals, tens of steps
-_BASE = load_preset("vit-finetune")
-TINY = {
-    "dataset": {**_BASE["dataset"], "num_samples": 500, "n_train": 100},
-    "pretrain": {
-        **_BASE["pretrain"],
-        "dataset": {**_BASE["pretrain"]["dataset"], "num_samples": 500},
-        "hyperparameters": {**_BASE["pretrain"]["hyperparameters"], "steps": 30},
-    },
-    "hyperparameters": {"steps": {"int_uniform": [5, 12]}, "batch_size": {"choice": [16, 32]}},
-    "shard_size": 2,
-}
+STEPS = {"steps": {"int_uniform": [5, 12]}, "batch_size": {"choice": [16, 32]}}
+TINY = {**toy("vit-finetune", 500, 100, 30, STEPS), "shard_size": 2}
 
 
 def test_learning_rate_is_linear_warmup_then_cosine():
@@ -158,16 +164,7 @@ def test_masked_tokens_and_their_loss():
 
 
 def test_bert_preset_pretrains_by_masked_tokens(tmp_path):
-    base = load_preset("bert-finetune")
-    tiny = {
-        "dataset": {**base["dataset"], "num_samples": 300, "n_train": 60},
-        "pretrain": {
-            **base["pretrain"],
-            "dataset": {**base["pretrain"]["dataset"], "num_samples": 300},
-            "hyperparameters": {**base["pretrain"]["hyperparameters"], "steps": 10},
-        },
-        "hyperparameters": {"steps": 3, "batch_size": 16},
-    }
+    tiny = toy("bert-finetune", 300, 60, 10, {"steps": 3, "batch_size": 16})
     zoo = wsym.zoo.build("bert-finetune", members=2, out=tmp_path, progress=False, overrides=tiny)
     upstream = zoo.manifest["pretrained"]
     assert 0 <= upstream["test_acc"] <= 1 and upstream["steps"] == 10

@@ -232,7 +232,8 @@ def measure_zoo(
     change of any logit on the batch that the move caused (round-off only).
     """
     rows = []
-    x = batches[0][0].double()
+    x = batches[0][0]
+    x = x.double() if x.is_floating_point() else x  # token ids stay integers
     for member in ids:
         row = zoo.row(member)
         model = zoo_member(zoo, member)
