@@ -33,7 +33,7 @@ less than the wall clock (they still share caches and memory bandwidth).
 Stock models (``--stock``, goal 1.3x): timm ``vit_tiny_patch16_224`` (full depth, batch
 8 of 224x224 images), torchvision ``resnet18`` (batch 32 of 64x64) and a Hugging Face
 GPT-2 small config (4 layers, width 128, 4 heads, batch 8 of 32 tokens), random weights,
-cross-entropy against random classes. Here a step is ``(t(steps=3) - t(steps=1)) / 2``
+cross-entropy against random classes. Here a step is ``(t(steps=5) - t(steps=1)) / 4``
 and the share of the step spent in the horizontal projection's Gram solve
 (:meth:`wsym.sharpness.vertical.Horizontal.project`) is printed beside the ratio.
 
@@ -210,7 +210,7 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, cpu, threads {torch.get_num_threads()}")
-    few, many = (1, 3) if args.stock else (FEW, MANY)
+    few, many = (1, 5) if args.stock else (FEW, MANY)
     print(
         f"per step = (t(steps={many}) - t(steps={few})) / {many - few}, "
         f"median of {args.repeats} repeats after warm-up, {args.clock} clock"

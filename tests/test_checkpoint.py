@@ -204,9 +204,14 @@ def test_non_tensor_contents(tmp_path, content, fragment):
 # --- compatibility -------------------------------------------------------------
 
 
-def test_check_compatible_accepts_matching_state():
+def test_check_compatible_accepts_matching_state_and_only_it():
     state = small_state()
-    check_compatible(state, {k: v.clone() for k, v in state.items()})
+    check_compatible(state, {k: v.clone() + 1 for k, v in reversed(state.items())})
+    name = next(iter(state))
+    wrong = {k: v.clone() for k, v in state.items()}
+    wrong[name] = torch.zeros(*wrong[name].shape, 1)
+    with pytest.raises(WsymInputError, match=name):
+        check_compatible(state, wrong)
 
 
 def test_check_compatible_lists_problems():

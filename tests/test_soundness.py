@@ -94,6 +94,10 @@ def test_layer_norm_eps_blocks_input_rescaling():
     """LayerNorm(s x) != LayerNorm(x) when eps > 0: no scaling of its input is claimed."""
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2))
     spec = wsym.detect(model, torch.randn(3, 4))
+    kinds = {g.kind: g for g in spec.groups}
+    # detection is not empty: the LayerNorm's units permute, its gains scale its output
+    assert kinds["permutation"].size == 6 and "0.weight" in kinds["permutation"].params
+    assert "1.weight" in kinds["scaling"].params
     for g in spec.groups:
         if g.kind == "scaling":
             assert "0.weight" not in g.params

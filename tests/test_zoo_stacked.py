@@ -57,7 +57,7 @@ def test_hand_written_gradients_equal_autograd(act, widths, members, batch, drop
             nn.init.normal_(p)
     sites = [str(2 * i + 1) for i in range(len(widths))] if dropout else []
     spec = stacked_mlp.mlp_spec(modules[0], sites)
-    assert spec is not None
+    assert spec.layers == tuple(str(2 * i) for i in range(len(widths) + 1))
     x = torch.randn(members, batch, 3, dtype=DTYPE)
     y = torch.randint(0, 4, (members, batch))
     masks = {

@@ -150,6 +150,7 @@ class Adaptive(Perturbation):
         den = torch.cat(dens) if dens else torch.zeros(0)
         self._inv = keep / den  # metric weight, 0 on covered entries
         self._scale = keep * den  # Riemannian-gradient factor
+        self._keep = keep
         # per slot: None where no entry is covered (nothing to mask), else the mask
         self._partial = [
             (~mask[n]).to(self.params[n].dtype) if n in mask and bool(mask[n].any()) else None
@@ -270,11 +271,18 @@ class Geodesic(Adaptive):
         return total
 
     def gradient(self, g):
-        """Horizontal Riemannian gradient from the Euclidean one."""
+        """Horizontal Riemannian gradient from the Euclidean one.
+
+        One projection, on the horizontal space of the whole group (which contains each
+        block's vertical space, so no per-block projection first); the metric applied
+        to ``M^-1 g`` is ``g`` itself, masked, which the projection takes as given.
+        """
         out = super().gradient(g)
         for blk, m, x in zip(self.blocks, self.metrics, self._pairs(g), strict=True):
-            out.extend(riemannian_gradient(blk, x, m, EPS))
-        return self.horizontal.project(out)
+            out.extend(riemannian_gradient(blk, x, m, EPS, project=False))
+        k = len(self.slots)
+        covector = (self._split(self._flat(g) * self._keep) if self.slots else []) + list(g[k:])
+        return self.horizontal.project(out, covector)
 
     def gradient_norm(self, g, d):
         """Metric norm of ``d = gradient(g)``: ``<g, d>`` (d is M^-1 g projected M-orthogonally)."""

@@ -46,7 +46,8 @@ class TangentLayout:
 
     ``slots`` leading plain entries with metric weights ``slot_inv``; per stack its
     ``(G, H)`` slices (None: not in the layout); the scaling gather ``sup``/``idx``/``val``
-    and the translation directions ``D`` restricted to the layout's entries.
+    (``exps``: the exponents alone, ``val`` times theta) and the translation directions
+    ``D`` restricted to the layout's entries.
     """
 
     n: int
@@ -57,6 +58,7 @@ class TangentLayout:
     idx: Tensor
     val: Tensor
     D: Tensor
+    exps: Tensor
 
 
 class Structure:

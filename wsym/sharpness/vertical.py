@@ -43,6 +43,7 @@ from torch import Tensor
 from wsym.geometry import Gram
 from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.exponents import translation_directions
+from wsym.sharpness.schur import schur
 from wsym.sharpness.structure import TangentLayout, structure
 
 TOL = 1e-11
@@ -81,6 +82,7 @@ class Horizontal:
         like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
         theta = torch.cat([params[k].reshape(-1) for k in names]) if names else like.new_zeros(0)
         theta = theta.double()
+        self._exps = st.exps
         self._val = st.exps * theta[st.param_of]  # (K, support): exponent * theta per unit slot
         full, D = translation_directions(spec, names, params)
         self.keep = None
@@ -103,6 +105,9 @@ class Horizontal:
         self._cg = (st.cg_units, torch.ones(D.shape[1], dtype=torch.bool), st.cg_stacks)
         self._layout = self._full()
         self._reduced_layout = None
+        self._schur = None
+        self.exact = True  # the Schur complement where it applies, else conjugate gradients
+        self._keep_commutes = self._keeps_rows()
         self._precompute()
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
@@ -119,7 +124,7 @@ class Horizontal:
     def _full(self) -> TangentLayout:
         return TangentLayout(
             sum(self.sizes), self._slots, self.geom._inv, self._views,
-            self._support, self._idx, self._val, self.D,
+            self._support, self._idx, self._val, self.D, self._exps,
         )  # fmt: skip
 
     def _reduced(self) -> TangentLayout:
@@ -145,7 +150,7 @@ class Horizontal:
         sup = torch.searchsorted(R, self._support[cols])
         return TangentLayout(
             len(R), slots, self.geom._inv[R[:slots]], views,
-            sup, self._idx[:, cols], self._val[:, cols], self.D[R],
+            sup, self._idx[:, cols], self._val[:, cols], self.D[R], self._exps[:, cols],
         )  # fmt: skip
 
     # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
@@ -169,29 +174,36 @@ class Horizontal:
         return out
 
     def apply(self, c: Coefficients, lay: TangentLayout | None = None) -> Tensor:
-        """``J c`` as a flat tangent vector (in layout ``lay``, default all)."""
+        """``J c`` as a flat tangent vector (in layout ``lay``, default all); None: zero part."""
         lay = lay or self._layout
         a, t, omegas = c[0], c[1], c[2:]
         v = torch.zeros(lay.n, dtype=torch.float64)
-        if a.numel():
+        if a is not None and a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
             v[lay.sup] = (lay.val * ext[lay.idx]).sum(0)
-        if t.numel():
+        if t is not None and t.numel():
             v = v + lay.D @ t
         for s, (G, H) in enumerate(self.stacks):
-            if lay.views[s] is None:
+            if lay.views[s] is None or omegas[s] is None:
                 continue
             vG, vH = self._views_of(v, lay, s)
             vG.add_(G @ omegas[s])
             vH.sub_(H @ omegas[s].mT)
         return v
 
-    def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:
-        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
+    def adjoint(
+        self, y: Tensor, lay: TangentLayout | None = None, units: bool = True, blocks: bool = True
+    ) -> Coefficients:
+        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``).
+
+        ``units=False`` / ``blocks=False`` leave the scaling / block coefficients zero
+        (uncomputed).
+        """
         lay = lay or self._layout
-        out = [self._unit_sums(lay.val * y[lay.sup], lay.idx), lay.D.T @ y]
+        a = self._unit_sums(lay.val * y[lay.sup], lay.idx) if units else y.new_zeros(self.n_units)
+        out = [a, lay.D.T @ y]
         for s, (G, H) in enumerate(self.stacks):
-            if lay.views[s] is None:
+            if lay.views[s] is None or not blocks:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
                 continue
             yG, yH = self._views_of(y, lay, s)
@@ -263,14 +275,34 @@ class Horizontal:
         return out
 
     # -- the projection -------------------------------------------------------------
-    def project(self, xi: list[Tensor]) -> list[Tensor]:
-        """The horizontal part of ``xi`` (tangent layout)."""
+    def project(self, xi: list[Tensor], covector: list[Tensor] | None = None) -> list[Tensor]:
+        """The horizontal part of ``xi`` (tangent layout).
+
+        ``covector``: ``M xi`` where the caller has it (a Riemannian gradient's is the
+        Euclidean gradient), which saves applying the metric.
+        """
         v = self._flat(xi)
         if self.keep is not None:
             v = v * self.keep
         if self.active:
-            v = v - self.apply(self.solve(self.adjoint(self.lower(v))))
+            if covector is None or not self._keep_commutes:
+                y = self.lower(v)
+            else:  # the zeroed entries are whole block rows, so M commutes with zeroing
+                y = self._flat(covector)
+                y = y if self.keep is None else y * self.keep
+            v = v - self.apply(self.solve(self.adjoint(y)))
         return self._unflat(v)
+
+    def _keeps_rows(self) -> bool:
+        """Whether :attr:`keep` zeroes whole rows of the blocks (then it commutes with M)."""
+        if self.keep is None:
+            return True
+        for s, views in enumerate(self._views):
+            for view, factor in zip(views, self.stacks[s], strict=True):
+                k = self.keep[view].view(factor.shape)
+                if not bool((k == k[..., :1]).all()):
+                    return False
+        return True
 
     def solve(self, b: Coefficients) -> Coefficients:
         """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones."""
@@ -282,7 +314,10 @@ class Horizontal:
         keep = (units, trans, stacks)
         if self._reduced_layout is None:
             self._reduced_layout = self._reduced()
+            self._schur = schur(self, self._reduced_layout) if self.exact else None
         reduced = self._reduced_layout
+        if self._schur is not None:
+            return [u + v for u, v in zip(self._solve_schur(b, keep), exact, strict=True)]
         x = [torch.zeros_like(t) for t in b]
         r = self._restrict(list(b), *keep)
         z = self._restrict(self.precondition(r), *keep)
@@ -300,6 +335,27 @@ class Horizontal:
             rz = rz_new
             self.iterations += 1
         return [u + v for u, v in zip(x, exact, strict=True)]
+
+    def _solve_schur(self, b: Coefficients, keep) -> Coefficients:
+        """The coupled system solved exactly through :mod:`wsym.sharpness.schur`.
+
+        With ``C`` the blocks' own Gram operator (inverted exactly by
+        :meth:`precondition`) and ``B`` the units' coupling to them:
+        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``; ``B`` and ``B^T``
+        are the unit and block parts of Gram products, each computed alone.
+        """
+        units, trans, stacks = keep
+        lay, off = self._reduced_layout, torch.zeros_like(units)
+        blocks = self._restrict(list(b), off, trans, stacks)
+        w = self._restrict(self.precondition(blocks), off, trans, stacks)
+        moved = self.lower(self.apply([None, None, *w[2:]], lay), lay)
+        a = self._schur.solve((b[0] - self.adjoint(moved, lay, blocks=False)[0]) * units)
+        moved = self.lower(self.apply([a, None, *[None] * len(stacks)], lay), lay)
+        back = self.adjoint(moved, lay, units=False)
+        rest = [u - v for u, v in zip(blocks, back, strict=True)]
+        omega = self._restrict(self.precondition(rest), off, trans, stacks)
+        self.iterations = 0
+        return [a, *omega[1:]]
 
     @staticmethod
     def _restrict(c: Coefficients, units: Tensor, trans: Tensor, stacks: list) -> Coefficients:
