@@ -20,7 +20,7 @@ from wsym.resources import ZOOS
 #: The shipped fine-tune zoo the section measures.
 FINETUNE_ZOO = ZOOS / "vit-finetune"
 #: Radii from ``experiments/finetune_sharpness.py`` (median sharpness 0.1 nats on the val split).
-RADII = {"adaptive": 0.1, "geodesic-inv": 0.05, "geodesic-mix": 0.05, "euclidean": 0.025}
+RADII = {"adaptive": 0.1, "geodesic-inv": 0.05, "geodesic-mix": 0.05, "euclidean": 0.05}
 MEMBERS, QUICK_MEMBERS, PROBES = 40, 3, 10
 
 
