@@ -1,36 +1,45 @@
-"""SGD, Adam and the SAM family, with and without teleportation, at equal gradient budgets.
+"""SGD, Adam, K-FAC, LLQR and the SAM family, ± teleportation, at equal gradient budgets.
 
-Tasks (CPU, float32):
+Tasks (CPU, float32, one thread):
 
 * ``mnist1d-mlp``: ``MLP(40, [64, 64], 10)`` (ReLU) on mnist1d (4000 train / 1000 test),
   batch 128;
 * ``digits-cnn``: ``ResidualCNN(channels=8)`` (conv, BatchNorm, residual block) on the
-  8x8 digits (1437 / 360), batch 64.
+  8x8 digits (1437 / 360), batch 64;
+* ``digits-transformer``: ``TinyTransformer(patch=8, seq=8, dim=16, heads=2, depth=1,
+  hidden=32)`` on the digits' rows as a sequence of 8 tokens, batch 64.
 
-Budget: ``--budget`` gradient evaluations per run (default 600). One-pass methods
-(SGD, Adam, K-FAC-SGD, LLQR) take ``budget`` steps; SAM-type methods (two gradients
-per step) take ``budget / 2``. All SGD-based methods use momentum 0.9 and lr 0.05;
-Adam lr 1e-3. Radii: SAM 0.05, ASAM 0.5 (eta 0.01), Fisher-SAM 0.05 (eta 1), LLQR+SAM
-0.05 in the metric ``U^-1``. ``llqr-sam`` learns a K-FAC-structured U from the LQR
-objective (``wsym.optim.learned``; refreshed every K=20 steps with beta 0.9); ``llqr``
-is that learned preconditioner alone (SGD on ``U g``, one gradient per step), the
-ablation the LLQR+SAM paper compares with. ``llqr-sam-fisher``
-and ``kfac-sgd`` are the same two with U estimated as the damped inverse K-FAC Fisher
-(equal to 1 at the mean curvature, damping 0.1 relative to it).
+Budget: ``--budget`` gradient evaluations per run (default 300). One-pass methods
+(SGD, Adam, K-FAC, LLQR) take ``budget`` steps; two-pass methods (SAM, ASAM,
+Fisher-SAM, GeoSAM, LLQR+SAM) take ``budget / 2``. Every method but Adam runs on SGD
+with momentum 0.9. Radii: SAM, Fisher-SAM (eta 1), GeoSAM 0.05, ASAM 0.5 (eta 0.01),
+LLQR+SAM 0.05 in the metric ``U^-1``. ``llqr`` / ``llqr-sam`` learn a K-FAC-structured
+U from the LQR objective (``wsym.optim.learned``: refresh every 40 steps, 10 inner
+steps, beta 0.95); ``kfac`` / ``llqr-sam-fisher`` estimate U as the damped inverse K-FAC
+Fisher instead (refresh every 40 steps). The refresh's Jacobian-vector products and
+K-FAC's sampled-label passes are not counted in the budget; their cost is in the time
+column.
+
+Learning rates (``LRS``), fixed before any test accuracy was looked at: each method's
+best value on the robustness grid (``--grid``, the lowest training loss after 80 steps,
+lrs 0.03 / 0.1 / 0.3 / 1 on SGD, 1e-3 / 3e-3 / 1e-2 / 3e-2 for Adam), the digits MLP's
+grid row serving the mnist1d MLP.
+
+Ablations of the learned U (``--methods llqr@newton,...``, at the method's learning rate):
+``@newton`` keeps the LQR minimizer's own scale (``LQRPreconditioner(scale="newton")``),
+``@damping1`` sets the relative damping to 1 (default 0.1).
 
 Teleportation (``+tp``): ``wsym.teleport(..., objective="grad-norm", steps=3, lr=0.05)``
 on the current batch every 25 optimizer steps, moving the optimizer's state with the
-weights (``optimizer=``, ``wsym.optim.transport``); its cost is in the wall time, not in
-the gradient budget (it is a few double-backward passes).
+weights (``optimizer=``, ``wsym.optim.transport``); its cost is in the time, not in the
+gradient budget.
 
 Reported per task and method, over ``--seeds`` seeds (model init and batch order):
-test accuracy mean +- std; wall time per optimizer step relative to SGD's (median
-over seeds; teleportation amortized); and sharpness of the final models (mean over
-seeds) on the first 256 training examples with ``wsym.sharpness``: ``adaptive``
-(worst case, rho 0.05, 10 ascent steps), ``fisher`` (diagonal Fisher-Riemannian, 10
-probes) and ``hessian-trace`` (10 probes). ``geodesic-mix`` is left out: on both
-models it equals ``adaptive`` (the MLP's two ReLU layers share a weight matrix and the
-CNN's channels carry norm_scaling groups, so no GL or GL(1) block is available).
+test accuracy mean +- std; CPU time (``time.process_time``) per optimizer step relative
+to SGD's in the same run (median over seeds; teleportation amortized); sharpness of the
+final models (mean over seeds) on the first 256 training examples with
+``wsym.sharpness`` (worst case, rho 0.05, 10 ascent steps): ``adaptive`` and
+``geodesic-inv`` (the quotient by the whole continuous group, invariant metric).
 
 Robustness grid (``--grid``; the same cells are tests/test_robustness.py): every
 optimizer of ``wsym.optim`` on SGD (momentum 0.9) and on Adam trains three digits
@@ -40,13 +49,15 @@ one-block ``TinyTransformer`` on the image rows -- for ``GRID_STEPS`` steps of b
 reported: the loss on the first 256 training images (training mode) after the run as
 a fraction of its start, per learning rate. Radii: SAM and Fisher-SAM 0.05, ASAM 0.5,
 GeoSAM 0.05, LLQR+SAM 0.05; LLQR and LLQR+SAM learn a K-FAC-structured U, refreshed
-every 40 steps (10 inner steps).
+every 40 steps (10 inner steps). ``plain`` (the base optimizer alone), ``kfac`` and
+``llqr-sam-fisher`` rows give the learning rates of the benchmark's baselines.
 
-Run:
-    .venv/bin/python benchmarks/optimizers.py            # 5 seeds, a few minutes
-    .venv/bin/python benchmarks/optimizers.py --quick    # smoke run, 1 seed, tiny budget
-    .venv/bin/python benchmarks/optimizers.py --grid     # the robustness grid (~3 min)
-    .venv/bin/python benchmarks/optimizers.py --pothole  # two-scale quadratic, U given / learned
+Run (from the repository root; ``PYTHONPATH=.`` imports this checkout's wsym):
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py            # 5 seeds, 3 tasks
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --quick    # smoke run
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --grid     # robustness grid
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --pothole  # two-scale quadratic
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers.py --reference  # learned U, exact optima
 """
 
 from __future__ import annotations
@@ -61,9 +72,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import wsym
-from wsym.data import load
+from wsym.data import Dataset, load
 from wsym.errors import WsymInputError
-from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM
+from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM, LQRPreconditioner
 from wsym.optim.base import frozen_buffers
 from wsym.reference import MLP, ResidualCNN, TinyTransformer
 from wsym.train import evaluate
@@ -71,45 +82,87 @@ from wsym.train import evaluate
 METHODS = (
     "sgd",
     "adam",
-    "kfac-sgd",
+    "kfac",
     "llqr",
     "sam",
     "asam",
     "fisher-sam",
+    "geosam",
     "llqr-sam",
     "llqr-sam-fisher",
 )
-TWO_PASS = ("sam", "asam", "fisher-sam", "llqr-sam", "llqr-sam-fisher")
-MEASURES = ("adaptive", "fisher", "hessian-trace")
-LR, MOMENTUM, REFRESH, BETA = 0.05, 0.9, 20, 0.9
+ONE_PASS = ("sgd", "adam", "kfac", "llqr")  # and their ablations, "llqr@newton", ...
+TASKS = ("mnist1d-mlp", "digits-cnn", "digits-transformer")
+MEASURES = ("adaptive", "geodesic-inv")
+MOMENTUM, REFRESH, INNER = 0.9, 40, 10
 TELEPORT_EVERY = 25
+# the best learning rate of each method's robustness-grid row (module docstring):
+# method -> (digits MLP row for mnist1d-mlp, digits-bn-cnn row, digits-transformer row)
+_GRID_LRS = {
+    "sgd": (0.1, 0.3, 0.1),
+    "adam": (0.03, 0.03, 0.01),
+    "kfac": (0.03, 0.1, 0.03),
+    "llqr": (0.03, 0.3, 0.03),
+    "sam": (0.1, 0.3, 0.1),
+    "asam": (0.1, 0.3, 0.1),
+    "fisher-sam": (0.1, 0.3, 0.1),
+    "geosam": (0.1, 0.3, 0.1),
+    "llqr-sam": (0.03, 1.0, 0.1),
+    "llqr-sam-fisher": (0.03, 0.1, 0.03),
+}
+LRS = {task: {m: lrs[k] for m, lrs in _GRID_LRS.items()} for k, task in enumerate(TASKS)}
 
 
-def _task(name: str, seed: int):
+def _lr(task: str, method: str) -> float:
+    """A method's learning rate; an ablation (``llqr@newton``) takes its method's."""
+    return LRS[task][method.partition("@")[0]]
+
+
+def _task(name: str, seed: int) -> tuple[nn.Module, Dataset, int]:
     torch.manual_seed(seed)
     if name == "mnist1d-mlp":
         return MLP(40, [64, 64], 10), load("mnist1d"), 128
-    return ResidualCNN(channels=8), load("digits"), 64
+    data = load("digits")
+    if name == "digits-cnn":
+        return ResidualCNN(channels=8), data, 64
+    rows = Dataset(data.x_train[:, 0], data.y_train, data.x_test[:, 0], data.y_test, "digits")
+    return TinyTransformer(patch=8, seq=8, dim=16, heads=2, depth=1, hidden=32), rows, 64
 
 
-def _optimizer(method: str, model: nn.Module):
-    sgd = {"base_optimizer": torch.optim.SGD, "lr": LR, "momentum": MOMENTUM}
+def _learned(variant: str) -> dict:
+    """The learned U's options: the default, or an ablation (``@newton``, ``@damping1``)."""
+    if variant == "newton":  # the LQR minimizer's own scale, not gradient-normalized
+        return {
+            "refresh": REFRESH,
+            "preconditioner": LQRPreconditioner("kfac", steps=INNER, scale="newton"),
+        }
+    damping = {"": 0.1, "damping1": 1.0}[variant]
+    return {"refresh": REFRESH, "inner_steps": INNER, "damping": damping, "preconditioner": "kfac"}
+
+
+def _optimizer(method: str, model: nn.Module, lr: float, example):
+    method, _, variant = method.partition("@")
     if method == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
     if method == "adam":
-        return torch.optim.Adam(model.parameters(), lr=1e-3)
-    if method == "kfac-sgd":
-        return LLQR(model, preconditioner="fisher-kfac", refresh=REFRESH, beta=BETA, **sgd)
+        return torch.optim.Adam(model.parameters(), lr=lr)
+    sgd = {"base_optimizer": torch.optim.SGD, "lr": lr, "momentum": MOMENTUM}
+    learned = _learned(variant)
+    if method == "kfac":
+        return LLQR(model, preconditioner="fisher-kfac", refresh=REFRESH, **sgd)
+    if method == "llqr":
+        return LLQR(model, **learned, **sgd)
     if method == "sam":
         return SAM(model, rho=0.05, **sgd)
     if method == "asam":
         return ASAM(model, rho=0.5, eta=0.01, **sgd)
     if method == "fisher-sam":
         return FisherSAM(model, rho=0.05, eta=1.0, **sgd)
-    if method == "llqr":
-        return LLQR(model, preconditioner="kfac", refresh=REFRESH, beta=BETA, **sgd)
-    pre = "fisher-kfac" if method == "llqr-sam-fisher" else "kfac"
-    return LLQRSAM(model, rho=0.05, preconditioner=pre, refresh=REFRESH, beta=BETA, **sgd)
+    if method == "geosam":
+        return GeoSAM(model, rho=0.05, example_inputs=example, **sgd)
+    if method == "llqr-sam-fisher":
+        return LLQRSAM(model, rho=0.05, preconditioner="fisher-kfac", refresh=REFRESH, **sgd)
+    return LLQRSAM(model, rho=0.05, **learned, **sgd)
 
 
 def _batches(data, size: int, seed: int):
@@ -127,11 +180,11 @@ def _step(method: str, opt, model, x, y) -> None:
         loss.backward()
         return loss
 
-    if method in TWO_PASS:
-        opt.step(closure)
-    else:
+    if method.partition("@")[0] in ONE_PASS:
         closure()
         opt.step()
+    else:
+        opt.step(closure)
 
 
 _SPECS: dict = {}
@@ -144,14 +197,27 @@ def _spec(task: str, model: nn.Module, inputs):
     return _SPECS[task]
 
 
+def _sharpness(model, spec, probe) -> dict:
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for m in MEASURES:
+            try:
+                out[m] = wsym.sharpness(model, probe, F.cross_entropy, spec=spec, measure=m)
+            except WsymInputError:  # a diverged run's weights are not finite
+                out[m] = float("nan")
+    return out
+
+
 def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
+    """One training run: test accuracy, CPU time per step and final sharpness."""
     model, data, size = _task(task, seed)
     spec = _spec(task, model, data.x_train[:8])
-    opt = _optimizer(method, model)
-    steps = budget // 2 if method in TWO_PASS else budget
+    opt = _optimizer(method, model, _lr(task, method), data.x_train[:8])
+    steps = budget if method.partition("@")[0] in ONE_PASS else budget // 2
     batches = _batches(data, size, seed)
     model.train()
-    start = time.perf_counter()
+    start = time.process_time()
     for t in range(steps):
         x, y = next(batches)
         if teleport and t % TELEPORT_EVERY == 0:
@@ -161,21 +227,40 @@ def run(task: str, method: str, teleport: bool, seed: int, budget: int) -> dict:
                     model, spec, [(x, y)], F.cross_entropy, steps=3, lr=0.05, optimizer=opt
                 )
         _step(method, opt, model, x, y)
-    per_step = (time.perf_counter() - start) / steps
+    per_step = (time.process_time() - start) / steps
     _, acc = evaluate(model, data.batches("test", 1024))
     probe = [(data.x_train[:256], data.y_train[:256])]
-    sharp = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for m in MEASURES:
-            opts = {"probes": 10} if m in ("fisher", "hessian-trace") else {}
-            if m == "fisher":  # the paper's S_R (absolute damping), as recorded in the results
-                opts["relative"] = False
-            sharp[m] = wsym.sharpness(model, probe, F.cross_entropy, spec=spec, measure=m, **opts)
-    return {"acc": acc, "time": per_step, **sharp}
+    return {"acc": acc, "time": per_step, **_sharpness(model, spec, probe)}
+
+
+def _row(name: str, rows: list[dict], base_time: float) -> str:
+    acc = [100 * r["acc"] for r in rows]
+    std = statistics.stdev(acc) if len(acc) > 1 else 0.0
+    t = statistics.median(r["time"] for r in rows)
+    cells = [f"{statistics.mean(r[m] for r in rows):.3g}" for m in MEASURES]
+    return (
+        f"| {name} | {statistics.mean(acc):.1f} ± {std:.1f} | {t / base_time:.2f} | "
+        + " | ".join(cells)
+        + " |"
+    )
+
+
+def benchmark_table(tasks, methods, seeds: int, budget: int, teleport=(False, True)) -> None:
+    """Print one markdown table per task (module docstring); SGD first, the time base."""
+    for task in tasks:
+        print(f"\n### {task}: {seeds} seeds, {budget} gradient evaluations per run\n")
+        print("| method | lr | test acc (%) | time/step vs SGD | " + " | ".join(MEASURES) + " |")
+        print("|---|---|---|---|" + "---|" * len(MEASURES))
+        base = statistics.median(run(task, "sgd", False, s, budget)["time"] for s in range(seeds))
+        for method in methods:
+            for tp in teleport:
+                rows = [run(task, method, tp, s, budget) for s in range(seeds)]
+                name = f"{method}{'+tp' if tp else ''} | {_lr(task, method):g}"
+                print(_row(name, rows, base), flush=True)
 
 
 GRID_OPTIMIZERS = ("sam", "asam", "fisher-sam", "geosam", "llqr", "llqr-sam")
+GRID_BASELINES = ("plain", "kfac", "llqr-sam-fisher")  # printed by --grid, not in the test
 GRID_BASES = {"sgd": (0.03, 0.1, 0.3, 1.0), "adam": (1e-3, 3e-3, 1e-2, 3e-2)}
 GRID_TASKS = ("digits-mlp", "digits-bn-cnn", "digits-transformer")
 GRID_STEPS, GRID_BATCH, GRID_REFRESH = 80, 64, 40
@@ -200,6 +285,14 @@ def grid_optimizer(name: str, base: str, model: nn.Module, lr: float, example):
         kw.update(base_optimizer=torch.optim.SGD, momentum=MOMENTUM)
     else:
         kw.update(base_optimizer=torch.optim.Adam)
+    if name == "plain":
+        kw.pop("base_optimizer")
+        cls = torch.optim.SGD if base == "sgd" else torch.optim.Adam
+        return cls(model.parameters(), **kw)
+    if name == "kfac":
+        return LLQR(model, preconditioner="fisher-kfac", refresh=GRID_REFRESH, **kw)
+    if name == "llqr-sam-fisher":
+        return LLQRSAM(model, rho=0.05, preconditioner="fisher-kfac", refresh=GRID_REFRESH, **kw)
     if name == "sam":
         return SAM(model, rho=0.05, **kw)
     if name == "asam":
@@ -227,7 +320,7 @@ def _grid_step(name: str, opt, model: nn.Module, x, y) -> None:
         loss.backward()
         return loss
 
-    if name == "llqr":
+    if name in ("llqr", "plain", "kfac"):
         closure()
         opt.step()
     else:
@@ -252,14 +345,14 @@ def grid_cell(task: str, name: str, base: str, seed: int = 0) -> list[float]:
     return ratios
 
 
-def grid_table() -> None:
+def grid_table(rows=GRID_OPTIMIZERS + GRID_BASELINES) -> None:
     """Print the robustness grid as markdown tables, one per task."""
     for task in GRID_TASKS:
         print(f"\n### {task}: loss after {GRID_STEPS} steps / loss at start\n")
         for base, lrs in GRID_BASES.items():
             print(f"| {base} | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |")
             print("|---|" + "---|" * (len(lrs) + 1))
-            for name in GRID_OPTIMIZERS:
+            for name in rows:
                 try:
                     ratios = grid_cell(task, name, base)
                 except WsymInputError as err:
@@ -272,13 +365,7 @@ def grid_table() -> None:
 
 def pothole_table() -> None:
     """The two-scale quadratic's envelopes, with U given and learned (tests/test_two_scale.py)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "tests" / "test_two_scale.py"
-    spec = importlib.util.spec_from_file_location("two_scale", path)
-    ts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ts)
+    ts = _load_test("test_two_scale")
     lams = ts.LAMBDAS
 
     def learned(scale, normalize="metric"):
@@ -298,46 +385,80 @@ def pothole_table() -> None:
         print(f"| {name} | {cells} | {ts._slope(lams, ys):+.4f} |")
 
 
+def _load_test(name: str):
+    """A module of tests/ (its helpers are the experiments' references)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "tests" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_table() -> None:
+    """The learned structures against the exact optima on tests/test_llqr.py's problem."""
+    tl = _load_test("test_llqr")
+    print("| network | | " + " | ".join(tl.RICHER) + " | block optimum | dense optimum |")
+    print("|---|---|" + "---|" * (len(tl.RICHER) + 2))
+    notes = []
+    for hidden in ([], [4]):
+        torch.manual_seed(0)
+        model = MLP(5, hidden, 3).double()
+        lin, grads, lam, full, _, _ = tl._problem(model)
+        _, optimum, exact = tl._reference(model, lin, grads, lam, full)
+        best_step, best, bound = tl._block_reference(model, lin, grads, lam, full)
+        fits = {s: tl._learned(s, model, lin, grads, lam) for s in tl.RICHER}
+        cross = float(best_step @ exact / (best_step.norm() * exact.norm()))
+        name = f"MLP(5, {hidden}, 3)"
+        rows = {
+            "cosine to -C^-1 g": [tl._cosine(u, full, exact) for u, _ in fits.values()]
+            + [cross, 1.0],
+            "cosine to block optimum": [tl._cosine_to(u, full, best_step) for u, _ in fits.values()]
+            + [1.0, cross],
+            "objective": [v for _, v in fits.values()] + [best, optimum],
+        }
+        for label, cells in rows.items():
+            print(f"| {name} | {label} | " + " | ".join(f"{c:.4f}" for c in cells) + " |")
+        longer = tl._learned("dense", model, lin, grads, lam, steps=1000)[1]
+        notes.append(
+            f"{name}: dense, 1000 inner steps: objective {longer:.5f}, 200: "
+            f"{fits['dense'][1]:.5f}; dense cosine to block optimum "
+            f"{tl._cosine_to(fits['dense'][0], full, best_step):.5f}; block optimum "
+            f"{best:.5f}, symmetric block-diagonal optimum (a bound) {bound:.5f}"
+        )
+    print("\n" + "\n".join(notes))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--budget", type=int, default=600)
-    parser.add_argument("--tasks", default="mnist1d-mlp,digits-cnn")
+    parser.add_argument("--budget", type=int, default=300)
+    parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--quick", action="store_true", help="1 seed, budget 40: a smoke run")
+    parser.add_argument("--no-teleport", action="store_true", help="skip the +tp rows")
     parser.add_argument("--grid", action="store_true", help="the robustness grid only")
     parser.add_argument("--pothole", action="store_true", help="the two-scale quadratic only")
+    parser.add_argument("--reference", action="store_true", help="learned U vs exact optima")
+    parser.add_argument(
+        "--grid-rows", default=",".join(GRID_OPTIMIZERS + GRID_BASELINES), help="with --grid"
+    )
     args = parser.parse_args()
-    if args.pothole:
-        pothole_table()
-        return
-    if args.grid:
-        torch.set_num_threads(1)
-        grid_table()
-        return
-    if args.quick:
-        args.seeds, args.budget = 1, 40
     torch.set_num_threads(1)
-    for task in args.tasks.split(","):
-        print(f"\n### {task}: {args.seeds} seeds, {args.budget} gradient evaluations per run\n")
-        print("| method | test acc (%) | time/step vs SGD | " + " | ".join(MEASURES) + " |")
-        print("|---|---|---|" + "---|" * len(MEASURES))
-        base_time = None
-        for method in args.methods.split(","):
-            for tp in (False, True):
-                rows = [run(task, method, tp, s, args.budget) for s in range(args.seeds)]
-                acc = [100 * r["acc"] for r in rows]
-                t = statistics.median(r["time"] for r in rows)
-                base_time = t if base_time is None else base_time
-                std = statistics.stdev(acc) if len(acc) > 1 else 0.0
-                cells = [f"{statistics.mean(r[m] for r in rows):.3g}" for m in MEASURES]
-                name = method + ("+tp" if tp else "")
-                print(
-                    f"| {name} | {statistics.mean(acc):.1f} ± {std:.1f} | {t / base_time:.2f} | "
-                    + " | ".join(cells)
-                    + " |",
-                    flush=True,
-                )
+    if args.reference:
+        reference_table()
+    elif args.pothole:
+        pothole_table()
+    elif args.grid:
+        grid_table(tuple(args.grid_rows.split(",")))
+    else:
+        if args.quick:
+            args.seeds, args.budget = 1, 40
+        teleport = (False,) if args.no_teleport else (False, True)
+        tasks, methods = args.tasks.split(","), args.methods.split(",")
+        benchmark_table(tasks, methods, args.seeds, args.budget, teleport)
 
 
 if __name__ == "__main__":

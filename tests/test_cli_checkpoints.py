@@ -222,6 +222,7 @@ def test_bad_checkpoints_exit_2_and_write_nothing(
         (["barrier", *MLP, "A", "A", "--data", "mnist1d", "--steps", "1", "--out", "b"], "steps"),
         (["canon", *MODEL, "--spec", "nope.json", "A", "--out", "c.pt"], "nope.json not found"),
         (["canon", *MLP, "--config", "x", "A", "--out", "c.pt"], "bad config"),
+        (["barrier", *MLP, "A", "A", "--data", "cifar10", "--out", "b"], "unknown dataset"),
     ],
 )
 def test_bad_options_exit_2(capsys, files, tmp_path, monkeypatch, argv, fragment):
@@ -239,7 +240,6 @@ def test_bad_options_exit_2(capsys, files, tmp_path, monkeypatch, argv, fragment
     [
         ["barrier", *MLP, "A", "A", "--out", "b"],  # --data is required
         ["align", *MLP, "A", "A", "--out", "x.pt", "--method", "nearest"],
-        ["barrier", *MLP, "A", "A", "--data", "cifar10", "--out", "b"],
     ],
 )
 def test_usage_errors_exit_2(capsys, files, argv):

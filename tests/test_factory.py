@@ -243,3 +243,48 @@ def test_hf_input_shape_errors(shape, fragment):
     with pytest.raises(WsymInputError) as excinfo:
         example_inputs("hf:bert", shape, config=TINY_BERT)
     assert fragment in one_line_error(excinfo)
+
+
+USER_FILE = """
+from torch import nn
+
+
+def build(width=3):
+    return nn.Sequential(nn.Linear(2, width), nn.ReLU(), nn.Linear(width, 1))
+"""
+
+
+def test_factory_from_a_python_file(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "net.py").write_text(USER_FILE)
+    monkeypatch.chdir(tmp_path)
+    model = build_model("models/net.py:build", {"width": 5})
+    assert model[0].out_features == 5
+    absolute = build_model(f"{tmp_path}/models/net.py:build")
+    assert absolute[0].out_features == 3
+
+
+def test_factory_module_imported_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "usernet_cwd.py").write_text(USER_FILE)
+    monkeypatch.chdir(tmp_path)
+    assert build_model("usernet_cwd:build")[0].out_features == 3
+    assert str(tmp_path) not in sys.path  # the path is restored
+
+
+def test_missing_module_names_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WsymInputError) as excinfo:
+        build_model("no_such_user_module:build")
+    message = one_line_error(excinfo)
+    assert str(tmp_path) in message and "no_such_user_module.py:factory" in message
+
+
+def test_missing_or_broken_file_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WsymInputError) as excinfo:
+        build_model("absent.py:build")
+    assert "no Python file 'absent.py'" in one_line_error(excinfo)
+    (tmp_path / "broken.py").write_text("raise RuntimeError('half written')\n")
+    with pytest.raises(WsymInputError) as excinfo:
+        build_model("broken.py:build")
+    assert "RuntimeError: half written" in one_line_error(excinfo)

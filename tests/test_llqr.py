@@ -10,12 +10,13 @@ from torch.nn import functional as F
 from wsym.curvature.reference import dense_hessian
 from wsym.errors import WsymInputError
 from wsym.optim import LLQR, LLQRSAM, LQRPreconditioner
-from wsym.optim.lqr import (
-    Linearization,
-    damping_value,
+from wsym.optim.lqr import Linearization, damping_value, fit
+from wsym.optim.reference import (
+    block_optimum,
     dense_curvature,
-    fit,
     flatten,
+    structure_groups,
+    symmetric_block_optimum,
     unflatten,
 )
 from wsym.optim.structures import STRUCTURES, Dense, Eigen, Kronecker, blocks_of
@@ -74,27 +75,53 @@ def test_dense_curvature_is_the_gauss_newton_matrix():
     torch.testing.assert_close(dense_curvature(lin, 0.0), hessian)
 
 
+def _block_reference(model, lin, grads, lam, full):
+    """The richest structure's own optima: block-diagonal PSD (FISTA) and symmetric (bound)."""
+    names = list(full)
+    c = dense_curvature(lin, lam)
+    g = torch.stack([flatten(t, names) for t in grads], 1)
+    groups = structure_groups(blocks_of(model))
+    u, value = block_optimum(c, g, groups)
+    bound = symmetric_block_optimum(c, g, groups)[1]
+    return u @ flatten(full, names), value, bound
+
+
+def _cosine_to(u, full, target):
+    step = flatten(u.apply({n: t.double() for n, t in full.items()}), list(full))
+    return float(step @ target / (step.norm() * target.norm()))
+
+
 @pytest.mark.parametrize("hidden", [[], [4]])
 def test_learned_step_approaches_exact_step_as_structure_grows(hidden):
     torch.manual_seed(0)
     model = MLP(5, hidden, 3).double()
     lin, grads, lam, full, _, _ = _problem(model)
     _, optimum, exact = _reference(model, lin, grads, lam, full)
-    values, cosines = {}, {}
+    best_step, best, bound = _block_reference(model, lin, grads, lam, full)
+    tol = 1e-9 * abs(optimum)
+    assert optimum - tol <= bound <= best + tol  # all U, symmetric blocks, PSD blocks: nested
+    learned, values, cosines = {}, {}, {}
     for s in RICHER:
-        u, values[s] = _learned(s, model, lin, grads, lam)
-        cosines[s] = _cosine(u, full, exact)
-        assert values[s] >= optimum - 1e-9 * abs(optimum)  # never below the exact optimum
+        learned[s], values[s] = _learned(s, model, lin, grads, lam)
+        cosines[s] = _cosine(learned[s], full, exact)
+        assert values[s] >= bound - 1e-9 * abs(bound)  # never below the structure's optimum
     # nested structures reach lower objectives: kfac in eigen, everything in dense
     assert values["eigen"] <= values["kfac"] + 1e-9
     assert values["dense"] <= min(values.values()) + 1e-9
     assert cosines["kfac"] > cosines["diagonal"]
     assert cosines["dense"] > cosines["diagonal"]
-    if not hidden:  # one layer: block-diagonal is no restriction, the dense U is C^-1
+    # the richest structure reaches its own optimum: the best block-diagonal U
+    assert values["dense"] == pytest.approx(best, rel=1e-3)
+    assert _cosine_to(learned["dense"], full, best_step) >= 0.99
+    if not hidden:  # one layer: block-diagonal is no restriction, the optimum is C^-1
         assert cosines["dense"] >= 0.99
+        assert best == pytest.approx(optimum, rel=1e-6)
         assert values["dense"] == pytest.approx(optimum, rel=1e-6)
-    else:  # the cross-layer blocks of C^-1 are what the block-diagonal U lacks
-        assert cosines["dense"] >= 0.95
+    else:  # two layers: the cross-layer blocks of C^-1 are what no block-diagonal U holds
+        cross = float(best_step @ exact / (best_step.norm() * exact.norm()))
+        assert best > optimum + 1e-2 * abs(optimum)
+        assert cross < 0.99
+        assert cosines["dense"] == pytest.approx(cross, abs=5e-3)
 
 
 def test_preconditioner_refresh_reaches_the_exact_step_and_is_normalized():
@@ -260,3 +287,20 @@ def test_unflatten_inverts_flatten():
     back = unflatten(flatten(table, ["a", "b"]), {n: t.shape for n, t in table.items()})
     for n in table:
         torch.testing.assert_close(back[n], table[n])
+
+
+@pytest.mark.parametrize("structure", ["fisher-diagonal", "fisher-kfac"])
+def test_fisher_refresh_on_diverged_weights_keeps_the_current_u(structure):
+    torch.manual_seed(0)
+    model = MLP(5, [4], 3).double()
+    x, y = torch.randn(32, 5, dtype=torch.float64), torch.randint(0, 3, (32,))
+    opt = LLQR(model, preconditioner=structure, refresh=1, lr=0.1)
+    _loader(model, x, y, 1, opt, False)
+    g = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+    before = opt.preconditioner.apply(g)
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    _loader(model, x, y, 1, opt, False)  # the refresh is skipped, not a sampling error
+    assert opt.preconditioner.refreshes == 1
+    for n in g:
+        torch.testing.assert_close(opt.preconditioner.apply(g)[n], before[n])

@@ -232,7 +232,7 @@ def test_cli_build_info_and_plot(tmp_path, capsys):
     )
     assert code == 0, err
     assert "3/3 members" in stdout and "gap = train_acc - test_acc" in stdout
-    assert "3/3 members" in err and "ETA" in err and ("/min" in err or "/s" in err)  # the bar
+    assert "3/3 members" in err and "members/s" in err  # the bar (tqdm)
     code, stdout, err = run(
         capsys,
         "zoo",

@@ -10,7 +10,10 @@ the package.
   arguments, 20000 train / 5000 test (about 7 s to generate, then cached); for
   experiments where 4000 examples are memorized (wide MLPs reach 100% train
   accuracy).
-* ``digits``: images ``(N, 1, 8, 8)`` in [0, 1], 1437 train / 360 test.
+* ``digits``: images ``(N, 1, 8, 8)`` in [0, 1], 1437 train / 360 test (an 80/20
+  split of scikit-learn's 1797 digits, shuffled by ``seed``: a user's own split of the
+  same digits overlaps it).
+* a user's own data: a file or a function (:mod:`wsym.io.datafile`).
 
 Inputs are float32, labels int64 in ``0..9``.
 """
@@ -103,7 +106,8 @@ def load(name: str, seed: int = 0) -> Dataset:
     """Load a dataset by name (see the module docstring); nothing is downloaded.
 
     Args:
-        name: one of ``"mnist1d"``, ``"mnist1d-seq"``, ``"mnist1d-large"``, ``"digits"``.
+        name: one of ``"mnist1d"``, ``"mnist1d-seq"``, ``"mnist1d-large"``, ``"digits"``,
+            or a user's data file or function (:mod:`wsym.io.datafile`).
         seed: for mnist1d, the seed of its procedural generator (the published
             mnist1d uses 42); for digits, the seed of the 80/20 train/test split.
 
@@ -125,7 +129,14 @@ def load(name: str, seed: int = 0) -> Dataset:
         )
     if name == "digits":
         return _from_numpy(*_digits(seed), name=name)
-    raise WsymInputError(f"unknown dataset {name!r}; available: {', '.join(NAMES)}")
+    from wsym.io.datafile import is_user_data, load_user_data
+
+    if is_user_data(name):
+        return load_user_data(name)
+    raise WsymInputError(
+        f"unknown dataset {name!r}; use one of {', '.join(NAMES)}, a .safetensors / .pt / "
+        ".npz file of x_train, y_train (x_test, y_test), or module:function"
+    )
 
 
 def _minibatches(

@@ -7,7 +7,9 @@ A model spec is ``SOURCE:NAME``:
 - ``hf:bert`` -- a Hugging Face ``model_type``, through ``AutoConfig.for_model``
   and ``AutoModel.from_config``;
 - ``wsym:mlp`` -- a model registered in :data:`BUILTIN_MODELS`;
-- ``package.module:factory_fn`` -- any importable callable returning a module.
+- ``package.module:factory_fn`` -- any callable returning a module, importable from the
+  working directory (as ``python -m`` would) or from the installed packages;
+- ``path/to/file.py:factory_fn`` -- the same, from a Python file.
 
 A config (``{"num_classes": 10}``, or ``"num_classes=10"`` on the command line)
 is passed as keyword arguments. Weights are never downloaded.
@@ -17,9 +19,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,8 +46,8 @@ BUILTIN_INPUTS: dict[str, Callable[[tuple[int, ...], torch.dtype, torch.Generato
 
 MODELS_EXTRA_HINT = "pip install 'wsym[models]'"
 SPELLING_HINT = (
-    "spell a model as torchvision:NAME, timm:NAME, hf:MODEL_TYPE, wsym:NAME "
-    "or package.module:factory_fn"
+    "spell a model as torchvision:NAME, timm:NAME, hf:MODEL_TYPE, wsym:NAME, "
+    "package.module:factory_fn or file.py:factory_fn"
 )
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
@@ -231,19 +237,80 @@ def _build_builtin(name: str, config: dict[str, Any]) -> nn.Module:
 
 def _build_from_module(module_name: str, attr: str, config: dict[str, Any]) -> nn.Module:
     spec = f"{module_name}:{attr}"
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise WsymInputError(
-            f"cannot import {module_name!r} for model {spec} ({err}); {SPELLING_HINT}"
-        ) from err
+    return _call(import_callable(spec, "a function returning a model"), spec, **config)
+
+
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable named ``module:attr`` or ``path/to/file.py:attr``.
+
+    The module is imported from the working directory (as ``python -m`` would) or the
+    installed packages, a ``.py`` file from its path.
+
+    Args:
+        spec: ``package.module:name`` (``name`` may be dotted) or ``file.py:name``.
+        what: what the callable should be, for the error message.
+
+    Raises:
+        WsymInputError: Nothing importable there, or not a callable.
+
+    Example:
+        >>> import_callable("torch.nn:Identity", "a model class")
+        <class 'torch.nn.modules.linear.Identity'>
+    """
+    module_name, attr = split_spec(spec)
+    target: Any = _import_file(module_name) if module_name.endswith(".py") else None
+    if target is None:
+        target = _import_from_working_directory(module_name, spec)
     for part in attr.split("."):
         if not hasattr(target, part):
             raise WsymInputError(f"{module_name} has no attribute {attr!r}; {SPELLING_HINT}")
         target = getattr(target, part)
     if not callable(target):
-        raise WsymInputError(f"{spec} is not callable; point to a function returning a model")
-    return _call(target, spec, **config)
+        raise WsymInputError(f"{spec} is not callable; point to {what}")
+    return target
+
+
+def _import_from_working_directory(module_name: str, spec: str) -> Any:
+    """``import module_name`` with the working directory first on the path, as ``python -m``."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise WsymInputError(
+            f"cannot import {module_name!r} for {spec} ({err}; looked in the working "
+            f"directory {cwd} and the installed packages); run from the directory holding "
+            f"it, or name the file, e.g. path/to/{module_name.split('.')[-1]}.py:factory"
+        ) from err
+    finally:
+        if added:
+            sys.path.remove(cwd)
+
+
+def _import_file(path_text: str) -> Any:
+    """The module in the Python file ``path_text`` (relative to the working directory)."""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise WsymInputError(
+            f"no Python file {path_text!r} (looked in {Path.cwd()}); give the path of the "
+            "file that defines the factory, e.g. models/my_model.py:build"
+        )
+    name = f"wsym_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(path.resolve().parent))  # its own imports of sibling files
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:
+        raise WsymInputError(
+            f"importing {path_text} failed: {type(err).__name__}: {_first_line(err)}; "
+            f"fix the file (run `python {path_text}` to see the traceback)"
+        ) from err
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
 
 
 _SOURCES: dict[str, Callable[..., nn.Module]] = {

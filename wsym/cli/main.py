@@ -42,6 +42,7 @@ examples:
       --checkpoint net.safetensors --graph net.graphml
 
 model specs: torchvision:NAME, timm:NAME, hf:MODEL_TYPE, wsym:NAME, package.module:factory_fn
+  (imported from the working directory too), path/to/file.py:factory_fn
 """
 _MAIN_EXAMPLE = """\
 examples:

@@ -65,10 +65,10 @@ def add_data_options(
 
     parser.add_argument(
         "--data",
-        choices=NAMES,
         required=required,
         metavar="NAME",
-        help=f"dataset {used_for}: {', '.join(NAMES)}",
+        help=f"dataset {used_for}: {', '.join(NAMES)}, or your own: a .safetensors / .pt / "
+        ".npz file of x_train, y_train (x_test, y_test), or module:function",
     )
     parser.add_argument(
         "--split", choices=SPLITS, default=split, help=f"split of --data (default {split})"

@@ -15,7 +15,7 @@ gradient with respect to :math:`v = Ug` is :math:`(J^\top H J + \lambda) v - g`,
 vector-Jacobian product, so the structured :math:`U` is learned by autograd through
 :math:`v = U g` only. Over all :math:`U` the minimum is at :math:`U g = C^{-1} g` with
 :math:`C = J^\top H J + \lambda I`, value :math:`-\tfrac12 g^\top C^{-1} g`
-(:func:`dense_curvature` builds :math:`C` for the float64 reference).
+(:func:`wsym.optim.reference.dense_curvature` builds :math:`C` for the float64 reference).
 
 The gradients :math:`g` are those of ``chunks`` equal parts of the batch, each of the
 per-row loss terms (:math:`g_c = J^\top (\partial L / \partial z)_c`, from the loss's output
@@ -211,36 +211,3 @@ def fit(
         opt.step()
     u.update([r.detach() for r in raw])
     return objective(u, lin, grads, lam)
-
-
-def dense_curvature(lin: Linearization, lam: float) -> Tensor:
-    r"""Reference: the dense :math:`C = J^\top H J + \lambda I` (float64, ``names`` order).
-
-    One Jacobian-vector product per parameter entry: for tiny networks only.
-    """
-    shapes = {n: lin._vjp(lin.output.detach())[0][n].shape for n in lin.names}
-    sizes = [int(torch.tensor(s).prod()) for s in shapes.values()]
-    total = sum(sizes)
-    cols = []
-    for k in range(total):
-        e = torch.zeros(total, dtype=torch.float64)
-        e[k] = 1.0
-        v = unflatten(e, shapes)
-        hjv = lin.hessian(lin.jvp(v).double())
-        cols.append(flatten({n: t.double() for n, t in lin.vjp(hjv).items()}, lin.names))
-    return torch.stack(cols, 1) + lam * torch.eye(total, dtype=torch.float64)
-
-
-def flatten(table: Params, names: list[str]) -> Tensor:
-    """Concatenate ``table``'s tensors in ``names`` order (float64)."""
-    return torch.cat([table[n].reshape(-1).double() for n in names])
-
-
-def unflatten(vector: Tensor, shapes: dict[str, torch.Size]) -> Params:
-    """Inverse of :func:`flatten` for the given ``{name: shape}``."""
-    out, k = {}, 0
-    for n, s in shapes.items():
-        size = int(torch.tensor(s).prod()) if len(s) else 1
-        out[n] = vector[k : k + size].reshape(s)
-        k += size
-    return out

@@ -105,6 +105,11 @@ class Preconditioner:
             raise WsymInputError(f"the Fisher preconditioner needs a classifier: {err}") from err
 
 
+def finite(params: Params) -> bool:
+    """Whether every tensor of ``params`` is finite (a diverged run's refresh is skipped)."""
+    return all(bool(torch.isfinite(p).all()) for p in params.values())
+
+
 class FixedDiagonal(Preconditioner):
     """A given diagonal :math:`U` (``{name: tensor}``, positive); never refreshed."""
 
@@ -130,7 +135,9 @@ class DiagonalFisher(Preconditioner):
         self.diagonal: Params | None = None
 
     def estimate(self, model, params, inputs, output_grad=None):
-        """Refresh the diagonal: EMA of the normalized inverse."""
+        """Refresh the diagonal: EMA of the normalized inverse (skipped on non-finite weights)."""
+        if not finite(params):
+            return
         fisher = self._fisher(model, params, inputs)
         mean = torch.cat([f.reshape(-1) for f in fisher.values()]).mean()
         new = {n: 1.0 / (f + self.damping * mean) for n, f in fisher.items()}
@@ -161,7 +168,12 @@ class KroneckerFisher(Preconditioner):
         self.scale = 1.0
 
     def estimate(self, model, params, inputs, output_grad=None):
-        """Refresh: EMA of the factors (and of the diagonal Fisher elsewhere), then eigh."""
+        """Refresh: EMA of the factors (and of the diagonal Fisher elsewhere), then eigh.
+
+        Skipped (the current :math:`U` kept) when the weights are not finite: a diverged run.
+        """
+        if not finite(params):
+            return
         try:
             new = kfac_factors(model, [(inputs, None)], self.samples, self.refreshes, params)
         except ValueError as err:
