@@ -206,10 +206,9 @@ def teleport(
     """
     batches = list(batches)
     _check(objective, steps, lr, tol, batches)
-    if spec is None:
-        from wsym.detect import detect
+    from wsym.detect import spec_or_detect
 
-        spec = detect(model, batches[0][0])
+    spec = spec_or_detect(spec, model, batches[0][0], "wsym.teleport")
     groups = orbit_groups(spec, kinds)
     if not groups:
         raise WsymInputError(

@@ -133,7 +133,7 @@ def plot_gaps(zoo: Any, path: str) -> None:
 
     import matplotlib
 
-    from wsym.zoo.store import write_atomic
+    from wsym.io.atomic import write_atomic
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from wsym.errors import WsymInputError
+from wsym.io.atomic import atomic_path
 
 SAFETENSORS_SUFFIXES = frozenset({".safetensors"})
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".bin"})
@@ -158,29 +158,13 @@ def save_state_dict(
     if not path.parent.is_dir():
         raise WsymInputError(f"cannot save to {path}: directory {path.parent} does not exist")
     tensors = _detached(state_dict)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         if suffix in SAFETENSORS_SUFFIXES:
             from safetensors.torch import save_file
 
-            save_file(tensors, tmp_name, metadata=dict(metadata) if metadata else None)
+            save_file(tensors, tmp, metadata=dict(metadata) if metadata else None)
         else:
-            torch.save(tensors, tmp_name)
-        os.chmod(tmp_name, new_file_mode())  # mkstemp's 0600, not what the umask gives
-        with open(tmp_name, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def new_file_mode() -> int:
-    """Permissions of a newly created file under the current umask (``0o644`` for umask 022)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
+            torch.save(tensors, tmp)
 
 
 def _detached(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -2,38 +2,29 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
-from wsym.io.checkpoint import new_file_mode
+from wsym.io.atomic import atomic_path
 
 
 def write_files(directory: Path, writers: Mapping[str, Callable[[Path], None]]) -> None:
     """Write ``directory/name`` with ``writers[name](path)`` for every name, all or nothing.
 
     Each writer fills a temporary file (same suffix, same directory); only when
-    all succeeded are they renamed over their destinations. On failure the
-    temporary files (and the directory, if this call created it) are removed.
+    all succeeded are they moved over their destinations (:mod:`wsym.io.atomic`). On
+    failure the temporary files (and the directory, if this call created it) are
+    removed.
     """
     created = not directory.exists()
     directory.mkdir(exist_ok=True)
-    temps: dict[str, Path] = {}
     try:
-        for name, write in writers.items():
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=Path(name).suffix)
-            os.close(fd)
-            temps[name] = Path(tmp)
-            write(temps[name])
-            os.chmod(tmp, new_file_mode())  # mkstemp's 0600, not what the umask gives
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-        for name, tmp in temps.items():
-            os.replace(tmp, directory / name)
+        with ExitStack() as stack:
+            temps = {name: stack.enter_context(atomic_path(directory / name)) for name in writers}
+            for name, write in writers.items():
+                write(temps[name])
     except BaseException:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
         if created:
             try:
                 directory.rmdir()

@@ -15,13 +15,14 @@ with warnings.catch_warnings():  # torch-geometric calls the deprecated torch.ji
     warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
     import torch_geometric  # noqa: F401
 
-from wsym.metanet.fit import fit
+from wsym.metanet.fit import FitConfig, fit
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.metrics import kendall_tau, r2
 from wsym.metanet.predictor import Predictor, load
 
 __all__ = [
+    "FitConfig",
     "GraphSchema",
     "Predictor",
     "batch_graphs",

@@ -24,7 +24,9 @@ Everything random comes from ``seed``.
 from __future__ import annotations
 
 import copy
+import difflib
 import time
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import nn
@@ -42,58 +44,21 @@ from wsym.metanet.statistics import train_vector_model
 BLENDS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def fit(
-    factory,
-    state_dicts: list[dict],
-    targets,
-    *,
-    example_inputs=None,
-    spec: SymmetrySpec | None = None,
-    validation: tuple[list[dict], object] | None = None,
-    val_fraction: float = 0.2,
-    target_names: tuple[str, ...] = ("gap",),
-    hidden: int = 32,
-    layers: int = 2,
-    epochs: int = 80,
-    lr: float = 2e-3,
-    weight_decay: float = 1e-4,
-    batch_size: int = 32,
-    rank_weight: float = 1.0,
-    patience: int = 20,
-    seed: int = 0,
-    graphs=None,
-    val_graphs=None,
-    members: int = 5,
-    stat_hidden: int = 64,
-    stat_epochs: int = 300,
-    stat_patience: int = 40,
-    stat_lr: float = 1e-3,
-    trees: int = 0,
-    tree_depth: int = 3,
-) -> Predictor:
-    """Train a meta-network predicting ``targets`` from ``state_dicts``.
+@dataclass(frozen=True)
+class FitConfig:
+    """Hyperparameters of :func:`fit` (the defaults are the shipped predictor's).
 
-    Args:
-        factory: the architecture: a module, or a zero-argument callable returning one.
-        state_dicts: training checkpoints (same architecture).
-        targets: ``(n,)`` or ``(n, k)`` values to predict (e.g. generalization gaps).
-        example_inputs: inputs for detection (or pass ``spec``).
-        spec: the architecture's spec, if already detected.
-        validation: ``(state_dicts, targets)`` for early stopping; default: a
-            seeded random ``val_fraction`` of the training members.
-        val_fraction: share of members held out for validation when ``validation`` is None.
-        target_names: names of the target columns (stored with the predictor).
+    Attributes:
         hidden: network width.
         layers: message-passing rounds.
-        epochs: largest number of passes over the training members.
+        epochs: largest number of passes over the training members (graph branch).
         lr: peak AdamW learning rate, annealed to 0 over ``epochs`` by a cosine.
         weight_decay: AdamW weight decay.
         batch_size: graphs per step.
         rank_weight: weight of the pairwise ranking term.
         patience: epochs without a better validation tau before stopping.
-        seed: seeds the network's initialization and the batch orders.
-        graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
-        val_graphs: the same for ``validation[0]``.
+        val_fraction: share of members held out for validation when no
+            ``validation`` set is given.
         members: perceptrons averaged in the statistics branch (an ensemble).
         stat_hidden: their width.
         stat_epochs: largest number of epochs of each of them (stage 1).
@@ -104,6 +69,69 @@ def fit(
             validation members (0, the default: perceptrons only; see
             ``benchmarks/metanet_results.md`` for the ablation).
         tree_depth: depth of each tree.
+    """
+
+    hidden: int = 32
+    layers: int = 2
+    epochs: int = 80
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 32
+    rank_weight: float = 1.0
+    patience: int = 20
+    val_fraction: float = 0.2
+    members: int = 5
+    stat_hidden: int = 64
+    stat_epochs: int = 300
+    stat_patience: int = 40
+    stat_lr: float = 1e-3
+    trees: int = 0
+    tree_depth: int = 3
+
+    @classmethod
+    def of(cls, config: FitConfig | None, options: dict) -> FitConfig:
+        """``config`` (default: the defaults) with ``options`` replacing fields."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=2)
+            hint = f"did you mean {', '.join(close)}?" if close else "see wsym.metanet.FitConfig"
+            raise WsymInputError(f"wsym.metanet.fit has no option {', '.join(unknown)}; {hint}")
+        return replace(config or cls(), **options)
+
+
+def fit(
+    factory,
+    state_dicts: list[dict],
+    targets,
+    *,
+    example_inputs=None,
+    spec: SymmetrySpec | None = None,
+    validation: tuple[list[dict], object] | None = None,
+    target_names: tuple[str, ...] = ("gap",),
+    seed: int = 0,
+    graphs=None,
+    val_graphs=None,
+    config: FitConfig | None = None,
+    **options,
+) -> Predictor:
+    """Train a meta-network predicting ``targets`` from ``state_dicts``.
+
+    Args:
+        factory: the architecture: a module, or a zero-argument callable returning one.
+        state_dicts: training checkpoints (same architecture).
+        targets: ``(n,)`` or ``(n, k)`` values to predict (e.g. generalization gaps).
+        example_inputs: inputs for detection (or pass ``spec``).
+        spec: the architecture's spec, if already detected.
+        validation: ``(state_dicts, targets)`` for early stopping; default: a
+            seeded random ``config.val_fraction`` of the training members.
+        target_names: names of the target columns (stored with the predictor).
+        seed: seeds the network's initialization and the batch orders.
+        graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
+        val_graphs: the same for ``validation[0]``.
+        config: the hyperparameters (:class:`FitConfig`; default its defaults).
+        **options: fields of :class:`FitConfig` replacing those of ``config``
+            (``epochs=0``, ``hidden=64``, ...).
 
     Returns:
         A :class:`~wsym.metanet.predictor.Predictor`; ``config["report"]`` has the
@@ -118,6 +146,7 @@ def fit(
         >>> p.predict(sds).shape
         torch.Size([8])
     """
+    c = FitConfig.of(config, options)
     spec = spec_or_detect(spec, factory, example_inputs, "wsym.metanet.fit")
     y = torch.as_tensor(targets, dtype=torch.float64)
     y = y[:, None] if y.ndim == 1 else y
@@ -126,11 +155,11 @@ def fit(
             f"need one target per state dict and at least 2 of them, got {len(state_dicts)} "
             f"state dicts and {len(y)} targets"
         )
-    probe = Predictor(spec, network_for(GraphSchema.from_spec(spec), hidden, layers, 1), {})
+    probe = Predictor(spec, network_for(GraphSchema.from_spec(spec), c.hidden, c.layers, 1), {})
     graphs = probe.graphs(state_dicts) if graphs is None else list(graphs)
     if validation is None:
         order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
-        n_val = max(1, int(round(val_fraction * len(graphs))))
+        n_val = max(1, int(round(c.val_fraction * len(graphs))))
         val_idx, tr_idx = order[:n_val].tolist(), order[n_val:].tolist()
         val_graphs, y_val = [graphs[i] for i in val_idx], y[val_idx]
         graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
@@ -138,20 +167,27 @@ def fit(
         val_graphs = probe.graphs(validation[0]) if val_graphs is None else list(val_graphs)
         y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
     mean, std = y.mean(0), y.std(0).clamp(min=1e-12) if len(y) > 1 else torch.ones(y.shape[1])
-    config = {
+    meta = {
         "targets": list(target_names)[: y.shape[1]] or [f"y{i}" for i in range(y.shape[1])],
         "target_mean": mean.tolist(),
         "target_std": std.tolist(),
-        "hidden": hidden,
-        "layers": layers,
-        "stat_hidden": stat_hidden,
-        "members": members,
-        "trees": trees,
-        "tree_depth": tree_depth,
+        "hidden": c.hidden,
+        "layers": c.layers,
+        "stat_hidden": c.stat_hidden,
+        "members": c.members,
+        "trees": c.trees,
+        "tree_depth": c.tree_depth,
     }
     torch.manual_seed(seed)
     net = network_for(
-        probe.schema, hidden, layers, y.shape[1], stat_hidden, members, trees, tree_depth
+        probe.schema,
+        c.hidden,
+        c.layers,
+        y.shape[1],
+        c.stat_hidden,
+        c.members,
+        c.trees,
+        c.tree_depth,
     )
     whole = batch_graphs(graphs)
     net.edge_enc.fit(log_beyond(whole.edge_attr).float(), whole.edge_type)
@@ -163,37 +199,37 @@ def fit(
         ((y - mean) / std).float(),
         stat_input(batch_graphs(val_graphs)),
         ((y_val - mean) / std).float(),
-        epochs=stat_epochs,
-        patience=stat_patience,
-        lr=stat_lr,
+        epochs=c.stat_epochs,
+        patience=c.stat_patience,
+        lr=c.stat_lr,
         seed=seed,
     )
     stat_seconds = time.perf_counter() - start
     nn.init.zeros_(net.head[-1].weight)
     nn.init.zeros_(net.head[-1].bias)
     net.stats.requires_grad_(False)
-    predictor = Predictor(spec, net, config)
+    predictor = Predictor(spec, net, meta)
     report = _train(
         predictor,
         graphs,
         (y - mean) / std,
         val_graphs,
         y_val,
-        epochs=epochs,
-        lr=lr,
-        weight_decay=weight_decay,
-        batch_size=batch_size,
-        rank_weight=rank_weight,
-        patience=patience,
+        epochs=c.epochs,
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        batch_size=c.batch_size,
+        rank_weight=c.rank_weight,
+        patience=c.patience,
         seed=seed,
     )
     report.update(
         statistics_val_tau=stat_tau,
         statistics_seconds=stat_seconds,
-        blend=float(net.stats.blend) if trees else 0.0,
+        blend=float(net.stats.blend) if c.trees else 0.0,
         blend_val_taus=blend_taus,
     )
-    config["report"] = report
+    meta["report"] = report
     return predictor
 
 

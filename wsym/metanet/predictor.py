@@ -23,6 +23,7 @@ from safetensors.torch import load_file, safe_open, save_file
 
 from wsym.errors import WsymInputError
 from wsym.group.spec import SymmetrySpec
+from wsym.io.atomic import atomic_path
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import WeightGraphNet
@@ -127,9 +128,8 @@ class Predictor:
             **self.config,
         }
         tensors = {k: v.detach().float().contiguous() for k, v in self.net.state_dict().items()}
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
 
 
 def load(path: str | os.PathLike) -> Predictor:

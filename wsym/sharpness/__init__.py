@@ -281,11 +281,9 @@ def _check_finite(model64: nn.Module) -> None:
 
 
 def _spec_of(model, batches, spec: SymmetrySpec | None) -> SymmetrySpec:
-    if spec is None:
-        from wsym.detect import detect
+    from wsym.detect import spec_or_detect
 
-        spec = detect(model, batches[0][0])
-    return spec
+    return spec_or_detect(spec, model, batches[0][0], "wsym.sharpness")
 
 
 def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:

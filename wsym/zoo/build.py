@@ -24,6 +24,7 @@ import torch
 
 import wsym
 from wsym.errors import WsymInputError
+from wsym.io.atomic import write_atomic
 from wsym.progress import Progress
 from wsym.zoo import finetune, store
 from wsym.zoo.backends import plan_member, run_units
@@ -87,7 +88,7 @@ def build(
         rows = [_row(manifest, config, seed, r) for r in results]
         data = store.encode_shard({r.id: r.state_dict for r in results}, rows)
         name = store.shard_name(ids)
-        store.write_atomic(out / store.SHARDS / name, data)
+        write_atomic(out / store.SHARDS / name, data)
         digest = store.sha256(data)
         for row in rows:
             done[row["id"]] = {**row, "shard": name, "shard_sha256": digest}
@@ -126,7 +127,7 @@ def _open(out: Path, config: dict[str, Any], seed: int, members: int) -> dict[st
         manifest = {**identity, "columns": _columns(config, seed)}
     manifest.update(_description(config, seed, members))
     (out / store.SHARDS).mkdir(parents=True, exist_ok=True)
-    store.write_atomic(path, json.dumps(manifest, indent=1).encode())
+    write_atomic(path, json.dumps(manifest, indent=1).encode())
     return manifest
 
 
@@ -220,4 +221,4 @@ def _recover(out: Path, manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 def _write_table(out: Path, manifest: dict[str, Any], done: dict[int, dict[str, Any]]) -> None:
     rows = [done[i] for i in sorted(done)]
-    store.write_atomic(out / store.TABLE, store.encode_table(rows, manifest["columns"]))
+    write_atomic(out / store.TABLE, store.encode_table(rows, manifest["columns"]))

@@ -17,7 +17,7 @@ in git. Its schema lives in the manifest (``columns``: name -> ``int`` |
 written with ``repr``, which round-trips). Parquet would add ``pyarrow`` for no
 gain at this size.
 
-**Crash safety.** Every file is written to a temporary name in the same
+**Crash safety.** Every file is written (:mod:`wsym.io.atomic`) to a temporary name in the same
 directory, flushed, fsynced and then moved into place with ``os.replace``
 (atomic on POSIX): a reader or a resumed build sees the old file or the new
 one, never half of one. A shard is written before the table rows that point to
@@ -33,7 +33,6 @@ import hashlib
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +52,6 @@ METRICS = {
     "epoch": "int",
     "steps": "int",
 }
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def shard_name(ids: list[int]) -> str:
