@@ -72,7 +72,7 @@ def build(
     upstream = None
     if "pretrain" in config:  # a fine-tune zoo: its upstream model, trained once, stored
         upstream = finetune.pretrained(out, config, manifest)
-        store.write_atomic(out / store.MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_atomic(out / store.MANIFEST, json.dumps(manifest, indent=1).encode())
     done = _recover(out, manifest)
     size = int(config["shard_size"])
     units = []

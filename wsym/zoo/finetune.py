@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
+from wsym.io.atomic import write_atomic
 from wsym.zoo import store
 from wsym.zoo.tasks import load_task
 
@@ -155,7 +156,7 @@ def pretrained(out: Path, config: dict[str, Any], manifest: dict[str, Any]):
         return state[-1]
     state, metrics = pretrain(config)
     data = store.encode_shard({-1: state}, [{"id": -1, **metrics}])
-    store.write_atomic(path, data)
+    write_atomic(path, data)
     manifest["pretrained"] = {**metrics, "sha256": store.sha256(data)}
     return state
 
