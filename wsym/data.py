@@ -165,17 +165,21 @@ LARGE = 25000  # examples of mnist1d-large (the published mnist1d has 5000)
 
 @functools.lru_cache(maxsize=8)
 def _mnist1d(
-    seed: int, num_samples: int = 5000
+    seed: int, num_samples: int = 5000, options: tuple[tuple[str, float], ...] = ()
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Generate mnist1d (``num_samples`` examples, 80/20 split); seconds, hence cached.
 
-    The generator seeds Python's and numpy's global RNGs; their states are restored.
+    ``options`` replace generator arguments (``(("iid_noise_scale", 0.1),)``: a
+    shifted distribution). The generator seeds Python's and numpy's global RNGs;
+    their states are restored.
     """
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
     args.seed = seed
     args.num_samples = num_samples
+    for key, value in options:
+        setattr(args, key, value)
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
         data = make_dataset(args)

@@ -111,16 +111,35 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: attention and a ReLU MLP, each residual."""
+    """Transformer block: attention and an MLP (ReLU or GELU), each residual.
 
-    def __init__(self, dim: int, heads: int, hidden: int, rotary: bool = False):
+    ``norm="pre"`` (ViT, GPT-2): ``x + f(LN(x))``; ``norm="post"`` (BERT):
+    ``LN(x + f(x))``. LayerNorms carry affine gains and biases.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        hidden: int,
+        rotary: bool = False,
+        activation: str = "relu",
+        norm: str = "pre",
+    ):
         super().__init__()
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.post = norm == "post"
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = Attention(dim, heads, rotary)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
+        act = ACTIVATIONS[activation]()
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), act, nn.Linear(hidden, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """One pre-norm block."""
+        """One pre- or post-norm block."""
+        if self.post:
+            x = self.norm1(x + self.attn(x))
+            return self.norm2(x + self.mlp(x))
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -132,6 +151,11 @@ class TinyTransformer(nn.Module):
         vocab: vocabulary size for token-id inputs; 0 means inputs are float
             sequences of ``patch`` features (e.g. mnist1d as patches).
         rotary: rotary position embeddings on queries and keys (besides ``pos``).
+        activation: the MLP's nonlinearity (``"relu"``, ``"gelu"``, ...).
+        norm: ``"pre"`` (pre-LN blocks and a final LayerNorm, as ViT) or ``"post"``
+            (post-LN blocks, as BERT).
+        pool: ``"mean"`` (logits ``(B, classes)`` of the mean token) or ``"none"``
+            (logits ``(B, T, classes)`` per token: masked-token pretraining).
 
     Example:
         >>> TinyTransformer(vocab=11, dim=8, heads=2, depth=1)(torch.randint(0, 11, (2, 5))).shape
@@ -149,20 +173,30 @@ class TinyTransformer(nn.Module):
         hidden: int = 64,
         classes: int = 10,
         rotary: bool = False,
+        activation: str = "relu",
+        norm: str = "pre",
+        pool: str = "mean",
     ):
         super().__init__()
+        if pool not in ("mean", "none"):
+            raise ValueError(f"pool must be 'mean' or 'none', got {pool!r}")
+        self.pool = pool
         self.embed = nn.Embedding(vocab, dim) if vocab else nn.Linear(patch, dim)
         self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
-        self.blocks = nn.ModuleList(Block(dim, heads, hidden, rotary) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, hidden, rotary, activation, norm) for _ in range(depth)
+        )
+        # pre-norm stacks end in a LayerNorm; post-norm blocks already end in one
+        self.norm = nn.LayerNorm(dim) if norm == "pre" else nn.Identity()
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for token ids ``(B, T)`` or patches ``(B, T, patch)``."""
+        """Logits for token ids ``(B, T)`` or patches ``(B, T, patch)`` (per token: ``pool``)."""
         h = self.embed(x) + self.pos[: x.shape[1]]
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h).mean(dim=1))
+        h = self.norm(h)
+        return self.head(h.mean(dim=1) if self.pool == "mean" else h)
 
 
 class CNN1d(nn.Module):

@@ -23,6 +23,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from wsym.errors import WsymInputError
+from wsym.zoo import finetune
 from wsym.zoo.batched import Member, Trained, train_members
 from wsym.zoo.presets import architecture_config, member_seed, sample_hyperparameters
 from wsym.zoo.tasks import load_task
@@ -40,9 +41,16 @@ def plan_member(config: dict[str, Any], zoo_seed: int, member: int) -> Member:
 
 
 def train_unit(config: dict[str, Any], zoo_seed: int, ids: list[int]) -> list[Trained]:
-    """Train members ``ids`` of the zoo ``(config, zoo_seed)`` (single-threaded)."""
+    """Train members ``ids`` of the zoo ``(config, zoo_seed)`` (single-threaded).
+
+    A fine-tune zoo's config carries the pretrained state dict
+    (:func:`wsym.zoo.finetune.unit_config`), which its members start from.
+    """
+    config = dict(config)
+    start = config.pop(finetune.STATE_KEY, None)
     data = _dataset(json.dumps(config["dataset"], sort_keys=True))
-    return train_members(config, data, [plan_member(config, zoo_seed, i) for i in ids])
+    members = [plan_member(config, zoo_seed, i) for i in ids]
+    return train_members(config, data, members, start)
 
 
 def run_units(

@@ -55,7 +55,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from wsym.data import Dataset
 from wsym.errors import WsymInputError
-from wsym.zoo import optim, stacked_mlp
+from wsym.zoo import finetune, optim, stacked_mlp
 from wsym.zoo.architectures import initialise
 from wsym.zoo.mlp_trainer import LockstepMLPTrainer
 from wsym.zoo.streams import (
@@ -90,8 +90,16 @@ class Trained:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def train_members(preset: dict[str, Any], data: Dataset, members: list[Member]) -> list[Trained]:
+def train_members(
+    preset: dict[str, Any],
+    data: Dataset,
+    members: list[Member],
+    start: dict[str, torch.Tensor] | None = None,
+) -> list[Trained]:
     """Train ``members`` of ``preset`` on ``data``, batched; results in the order given.
+
+    With ``start`` (a pretrained state dict, :mod:`wsym.zoo.finetune`), members
+    start from it, but for the entries the preset's ``pretrain.reinit`` names.
 
     Members are grouped by architecture; MLP classifiers of one architecture
     train as one stacked model (:mod:`wsym.zoo.mlp_trainer`), other
@@ -108,23 +116,25 @@ def train_members(preset: dict[str, Any], data: Dataset, members: list[Member]) 
     torch.set_num_threads(1)
     try:
         for group in groups.values():
-            for result in _train_architecture(preset, data, group):
+            for result in _train_architecture(preset, data, group, start):
                 done[result.id] = result
     finally:
         torch.set_num_threads(threads)
     return [done[m.id] for m in members]
 
 
-def _train_architecture(preset, data: Dataset, members: list[Member]) -> list[Trained]:
+def _train_architecture(preset, data: Dataset, members: list[Member], start) -> list[Trained]:
     base = initialise(members[0].architecture, 0)
     spec = stacked_mlp.mlp_spec(base, preset.get("dropout_sites", []))
-    if spec is not None and preset["task"] != "regression":
+    if spec is not None and preset["task"] != "regression" and start is None:
         trained = LockstepMLPTrainer(preset, data, members, spec).run()
         return [Trained(member.id, sd, metrics) for member, sd, metrics in trained]
     by_batch: dict[int, list[Member]] = {}
     for member in members:
         by_batch.setdefault(int(member.hyperparameters["batch_size"]), []).append(member)
-    return [r for group in by_batch.values() for r in _GroupTrainer(preset, data, group).run()]
+    return [
+        r for group in by_batch.values() for r in _GroupTrainer(preset, data, group, start).run()
+    ]
 
 
 class _GroupTrainer:
@@ -135,10 +145,18 @@ class _GroupTrainer:
     gradient comes from autograd through ``vmap`` (or, for MLP regressors,
     through the batched MLP forward). ``self.rows`` holds the indices (into
     ``self.members``) of the members still training, in stack order; every
-    per-member tensor is kept aligned with it.
+    per-member tensor is kept aligned with it. Members whose hyperparameters
+    hold ``warmup`` follow :func:`~wsym.zoo.finetune.learning_rate` (warm-up,
+    then cosine decay), those with ``label_smoothing`` smooth their targets.
     """
 
-    def __init__(self, preset: dict[str, Any], data: Dataset, members: list[Member]):
+    def __init__(
+        self,
+        preset: dict[str, Any],
+        data: Dataset,
+        members: list[Member],
+        start: dict[str, torch.Tensor] | None = None,
+    ):
         members = sorted(members, key=lambda m: m.hyperparameters["optimizer"] == "adam")
         self.members, self.data = members, data
         self.regression = preset["task"] == "regression"
@@ -149,6 +167,10 @@ class _GroupTrainer:
             initialise(m.architecture, s["init"], float(h["init_scale"]))
             for m, s, h in zip(members, seeds, hp, strict=True)
         ]
+        if start is not None:
+            reinit = preset["pretrain"].get("reinit", [])
+            for module in modules:
+                finetune.start_from(module, start, reinit)
         self.base = initialise(members[0].architecture, 0).train()
         self.keys = list(self.base.state_dict())
         params, buffers = stack_module_state(modules)
@@ -171,6 +193,7 @@ class _GroupTrainer:
         ]
         self.targets = torch.stack([s.targets for s in self.streams])
         self.total = torch.tensor([s.total_steps for s in self.streams])
+        self.schedule = finetune.Schedule.of(hp, self.total)
         rates = [float(h["dropout"]) for h in hp]
         x = data.x_train[: self.batch]
         self.dropout = _DropoutHooks(self.base, sites if any(rates) else [], x)
@@ -214,17 +237,19 @@ class _GroupTrainer:
 
     def _train_step(self, idx: torch.Tensor, masks: dict[str, torch.Tensor]) -> None:
         """One step of every training member on its batch ``idx`` ``(M, B)``."""
-        y = self.targets.gather(1, idx)
+        y = self.targets[torch.arange(len(idx)).unsqueeze(1), idx]  # (M, B) or (M, B, T)
         x = self.data.x_train[idx]
         # differentiate w.r.t. leaf views of ``flat`` (not ``flat`` itself, whose slice
         # backward would zero-fill a full (M, P) gradient once per parameter)
         flat = self.params["flat"]
         params = {k: v.requires_grad_(True) for k, v in self._views(flat).items()}
         out = self._batched(params, self.buffers, x, masks)
-        loss = example_loss(out, y, self.regression).mean(dim=1).sum()
+        smoothing = self.schedule.smoothing(self.rows)
+        loss = example_loss(out, y, self.regression, smoothing).mean(dim=1).sum()
         grads = torch.autograd.grad(loss, list(params.values()))
         grad = torch.cat([g.reshape(len(g), -1) for g in grads], dim=1)
-        optim.step(self.params, {"flat": grad}, self.opt_state, self.hyper)
+        hyper = self.schedule.hyper(self.hyper, self.rows, self.step)
+        optim.step(self.params, {"flat": grad}, self.opt_state, hyper)
 
     def _batched(self, params, buffers, x, masks) -> torch.Tensor:
         """Outputs ``(M, B, ...)`` of every member on its own inputs ``x`` ``(M, B, ...)``."""

@@ -10,6 +10,8 @@ same directory resumes: recorded shards are checked (sha256) and kept, shards
 written but not yet recorded are recovered, the rest is trained. Asking for
 more members than the directory holds extends the zoo; a directory holding a
 different zoo (preset, its config, seed or generator version) is refused.
+A preset with a ``pretrain`` entry first trains (or, resuming, reads) its
+upstream model (:mod:`wsym.zoo.finetune`), which every member starts from.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import wsym
 from wsym.errors import WsymInputError
 from wsym.io.atomic import write_atomic
 from wsym.progress import Progress
-from wsym.zoo import store
+from wsym.zoo import finetune, store
 from wsym.zoo.backends import plan_member, run_units
 from wsym.zoo.presets import load_preset, member_seed
 from wsym.zoo.zoo import Zoo, load
@@ -67,6 +69,10 @@ def build(
     config = load_preset(preset, overrides)
     out = Path(out)
     manifest = _open(out, config, seed, members)
+    upstream = None
+    if "pretrain" in config:  # a fine-tune zoo: its upstream model, trained once, stored
+        upstream = finetune.pretrained(out, config, manifest)
+        write_atomic(out / store.MANIFEST, json.dumps(manifest, indent=1).encode())
     done = _recover(out, manifest)
     size = int(config["shard_size"])
     units = []
@@ -77,7 +83,8 @@ def build(
     bar = Progress(
         members, config["name"], done=len(done), unit="members", enabled=progress, interval=0
     )
-    for ids, results in run_units(units, config, seed, backend, workers, address):
+    unit_config = finetune.unit_config(config, upstream)
+    for ids, results in run_units(units, unit_config, seed, backend, workers, address):
         rows = [_row(manifest, config, seed, r) for r in results]
         data = store.encode_shard({r.id: r.state_dict for r in results}, rows)
         name = store.shard_name(ids)

@@ -39,7 +39,9 @@ import torch
 from torch.nn import functional as F
 
 from wsym.data import Dataset
+from wsym.errors import WsymInputError
 from wsym.zoo.presets import member_seed
+from wsym.zoo.tasks import IGNORE
 
 #: Steps of data order (and dropout masks) drawn at once per member.
 BLOCK = 32
@@ -67,12 +69,17 @@ class DataStream:
             classes = int(max(data.y_train.max(), data.y_test.max())) + 1
             noisy = self.subset[torch.randperm(n, generator=gen)[: round(noise * n)]]
             shift = torch.randint(1, classes, (len(noisy),), generator=gen)
-            targets[noisy] = (targets[noisy] + shift) % classes
+            if len(noisy) and targets.dim() > 1:
+                raise WsymInputError("label_noise needs one label per example, not token targets")
+            if len(noisy):
+                targets[noisy] = (targets[noisy] + shift) % classes
         self.targets = targets
         self.mask = torch.zeros(n_all, dtype=torch.bool)
         self.mask[self.subset] = True
         self.batch, self.per_epoch = batch, n // batch
-        self.total_steps = int(hp["epochs"]) * self.per_epoch
+        # fine-tune presets fix the number of steps; the others count epochs
+        steps = hp.get("steps")
+        self.total_steps = int(steps) if steps is not None else int(hp["epochs"]) * self.per_epoch
         self.gen = gen
         self.pending = torch.empty(0, dtype=torch.long)
 
@@ -130,12 +137,54 @@ class DropoutMasks:
         return out
 
 
-def example_loss(out: torch.Tensor, y: torch.Tensor, regression: bool) -> torch.Tensor:
-    """Per-example loss ``(M, B)`` of outputs ``(M, B, C)`` (or ``(M, B)``) and targets."""
+def example_loss(
+    out: torch.Tensor, y: torch.Tensor, regression: bool, smoothing: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-example loss ``(M, B)`` of outputs ``(M, B, C)`` (or ``(M, B)``) and targets.
+
+    ``smoothing`` ``(M,)``: each member's label smoothing ``eps``, the loss
+    ``(1 - eps) CE + eps mean_c(-log p_c)`` (``F.cross_entropy``'s ``label_smoothing``).
+    Token targets ``(M, B, T)`` (outputs ``(M, B, T, C)``, masked-token pretraining):
+    the mean cross-entropy over each example's positions not marked ``IGNORE``.
+    """
     if regression:
         return (out - y) ** 2
+    if y.dim() == 3:
+        return _token_loss(out, y)
     m, b = y.shape
-    return F.cross_entropy(out.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
+    ce = F.cross_entropy(out.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
+    if smoothing is None:
+        return ce
+    uniform = -out.log_softmax(dim=-1).mean(dim=-1)
+    eps = smoothing.view(m, 1)
+    return (1 - eps) * ce + eps * uniform
+
+
+def _token_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    ce = F.cross_entropy(out.flatten(0, 2), y.flatten(), reduction="none").view(y.shape)
+    return ce.sum(-1) / (y != IGNORE).sum(-1).clamp(min=1)
+
+
+def _token_metrics(train_out, test_out, targets, member_mask, y_test) -> dict[str, torch.Tensor]:
+    """Loss and accuracy over the scored (not ``IGNORE``) tokens of each member's examples."""
+
+    def score(out, y, rows):
+        valid = (y != IGNORE) & rows.unsqueeze(-1)
+        ce = F.cross_entropy(out.flatten(0, 2), y.flatten(), reduction="none").view(y.shape)
+        right = (out.argmax(-1) == y) & valid
+        count = valid.sum((1, 2)).clamp(min=1)
+        return (ce * valid).sum((1, 2)) / count, right.sum((1, 2)) / count
+
+    test_y = y_test.expand(len(targets), *y_test.shape)
+    train_loss, train_acc = score(train_out, targets, member_mask)
+    test_loss, test_acc = score(test_out, test_y, torch.ones(test_y.shape[:2], dtype=torch.bool))
+    return {
+        "train_loss": train_loss,
+        "test_loss": test_loss,
+        "train_acc": train_acc,
+        "test_acc": test_acc,
+        "gap": train_acc - test_acc,
+    }
 
 
 def member_metrics(
@@ -156,6 +205,8 @@ def member_metrics(
     """
     targets = torch.stack([s.targets for s in streams])
     member_mask = torch.stack([s.mask for s in streams])
+    if targets.dim() == 3:
+        return _token_metrics(train_out, test_out, targets, member_mask, y_test)
     mask = member_mask.float()
     count = mask.sum(dim=1)
     test_y = y_test.expand(len(streams), -1)

@@ -8,6 +8,22 @@ diagonal linear networks: Gaussian inputs ``x ~ N(0, I_d)``, a ground truth
 examples. Its targets are float32 ``(N,)`` and it is returned as a
 :class:`wsym.data.Dataset` (whose ``num_classes`` is meaningless there).
 
+``{"name": "mnist1d-patches", ...}`` is mnist1d as ``length / patch`` patches
+of ``patch`` features, from a generator of any size and configuration: the
+upstream and downstream tasks of the fine-tune zoos. Options: ``seed``,
+``num_samples`` (80/20 train/test), ``generator`` (mnist1d generator arguments
+to replace, e.g. ``{"iid_noise_scale": 0.1}``: a shifted distribution),
+``n_train`` (keep the first ``n_train`` training examples), ``label_map``
+(``label_map[digit]`` is the class: a different task on the same signals).
+
+``{"name": "mnist1d-tokens", ...}`` takes the same options (but ``patch``) and
+turns each signal into ``40 / stride`` tokens: the mean of ``stride`` samples,
+cut into ``levels`` bins of equal mass on the training split (token ids
+``0..levels-1``). With ``mask`` (a fraction), it is a masked-token task: that
+fraction of each sequence's positions (at least one, drawn with ``mask_seed``)
+becomes the mask token ``levels``; targets are ``(N, T)`` original tokens there
+and :data:`IGNORE` elsewhere. Vocabulary: ``levels + 1``.
+
 Example:
     >>> data = load_task({"name": "sparse-regression", "n_train": 8, "n_test": 4, "d": 6,
     ...                   "nonzero": 2, "noise": 0.0, "seed": 0})
@@ -24,7 +40,9 @@ import torch
 from wsym import data as wdata
 from wsym.errors import WsymInputError
 
-NAMES = (*wdata.NAMES, "sparse-regression")
+NAMES = (*wdata.NAMES, "sparse-regression", "mnist1d-patches", "mnist1d-tokens")
+#: Target of positions a token-level loss ignores (``F.cross_entropy``'s default).
+IGNORE = -100
 
 
 def load_task(config: dict[str, Any]) -> wdata.Dataset:
@@ -35,6 +53,10 @@ def load_task(config: dict[str, Any]) -> wdata.Dataset:
         return wdata.load(name, seed=int(options.get("seed", 0)))
     if name == "sparse-regression":
         return sparse_regression(**options)
+    if name == "mnist1d-patches":
+        return mnist1d_patches(**options)
+    if name == "mnist1d-tokens":
+        return mnist1d_tokens(**options)
     raise WsymInputError(f"unknown zoo dataset {name!r}; use one of {', '.join(NAMES)}")
 
 
@@ -57,3 +79,65 @@ def sparse_regression(
     return wdata.Dataset(
         x[:n_train], y[:n_train], x[n_train:], y[n_train:], name="sparse-regression"
     )
+
+
+def mnist1d_patches(
+    seed: int = 0,
+    num_samples: int = 5000,
+    patch: int = 4,
+    generator: dict[str, float] | None = None,
+    n_train: int | None = None,
+    label_map: list[int] | None = None,
+) -> wdata.Dataset:
+    """mnist1d of any generator configuration as patches (see the module docstring)."""
+    options = tuple(sorted((generator or {}).items()))
+    x_train, y_train, x_test, y_test = wdata._mnist1d(int(seed), int(num_samples), options)
+    length = x_train.shape[1]
+    if length % patch:
+        raise WsymInputError(f"mnist1d-patches: patch {patch} does not divide length {length}")
+    if label_map is not None and len(label_map) != 10:
+        raise WsymInputError("mnist1d-patches: label_map needs one class per digit (10 entries)")
+    keep = len(y_train) if n_train is None else int(n_train)
+    cut = wdata._from_numpy(x_train[:keep], y_train[:keep], x_test, y_test, "mnist1d-patches")
+    relabel = torch.tensor(label_map if label_map is not None else range(10))
+    return wdata.Dataset(
+        cut.x_train.view(len(cut.x_train), -1, patch),
+        relabel[cut.y_train],
+        cut.x_test.view(len(cut.x_test), -1, patch),
+        relabel[cut.y_test],
+        name="mnist1d-patches",
+    )
+
+
+def mnist1d_tokens(
+    seed: int = 0,
+    num_samples: int = 5000,
+    levels: int = 16,
+    stride: int = 2,
+    generator: dict[str, float] | None = None,
+    n_train: int | None = None,
+    label_map: list[int] | None = None,
+    mask: float | None = None,
+    mask_seed: int = 0,
+) -> wdata.Dataset:
+    """mnist1d as token sequences, classified or masked (see the module docstring)."""
+    signals = mnist1d_patches(seed, num_samples, stride, generator, n_train, label_map)
+    train, test = signals.x_train.mean(-1), signals.x_test.mean(-1)
+    cuts = torch.quantile(train.flatten().double(), torch.linspace(0, 1, levels + 1)[1:-1].double())
+    x_train = torch.bucketize(train.double(), cuts)
+    x_test = torch.bucketize(test.double(), cuts)
+    if mask is None:
+        return wdata.Dataset(x_train, signals.y_train, x_test, signals.y_test, "mnist1d-tokens")
+    gen = torch.Generator().manual_seed(mask_seed)
+    masked = [_masked(x, float(mask), levels, gen) for x in (x_train, x_test)]
+    return wdata.Dataset(*masked[0], *masked[1], name="mnist1d-tokens")
+
+
+def _masked(tokens: torch.Tensor, fraction: float, token: int, gen: torch.Generator):
+    """``tokens`` with ``fraction`` of each row's positions masked, and the targets there."""
+    n, t = tokens.shape
+    count = max(1, round(fraction * t))
+    positions = torch.rand(n, t, generator=gen).argsort(dim=1)[:, :count]
+    hidden = torch.zeros(n, t, dtype=torch.bool).scatter_(1, positions, True)
+    targets = torch.where(hidden, tokens, torch.full_like(tokens, IGNORE))
+    return tokens.masked_fill(hidden, token), targets
