@@ -56,7 +56,7 @@ def test_load_returns_fresh_tensors_and_keeps_global_rng():
 
 
 def test_unknown_names():
-    with pytest.raises(WsymInputError, match="available: mnist1d"):
+    with pytest.raises(WsymInputError, match="unknown dataset .cifar10.; use one of mnist1d"):
         load("cifar10")
     with pytest.raises(WsymInputError, match="unknown split"):
         load("digits").batches("val")
