@@ -23,8 +23,9 @@ Hadamard products of the blocks' row Gram matrices (``docs/geometry.md``):
 :math:`K_H = H P H^\top`, :math:`L_H = H Q^{-1} H^\top`, :math:`E` the units' row
 exponents. :math:`S` is block-diagonal over the connected components of "touch the same
 block or entry", so it is assembled and Cholesky-factored once per base point, one
-small dense matrix per component; each solve then costs two Gram products instead of
-a conjugate-gradient run. Under the invariant metric :math:`C^{-1}` is a Lyapunov
+small dense matrix per component; as the preconditioner of conjugate gradients it
+makes one iteration enough (more where forming it lost digits to cancellation).
+Under the invariant metric :math:`C^{-1}` is a Lyapunov
 solve, and the same complement is one product of ``(rows, h^2)`` factors per block
 (:func:`_invariant_term`), formed where it costs less than a few dozen
 conjugate-gradient iterations (:data:`MAX_ROWS`).
