@@ -86,9 +86,9 @@ class ProjectionClock:
     def __enter__(self):
         orig = self._orig
 
-        def timed(h, xi):
+        def timed(h, xi, *args, **kwargs):
             start = self.clock()
-            out = orig(h, xi)
+            out = orig(h, xi, *args, **kwargs)
             self.total += self.clock() - start
             return out
 
