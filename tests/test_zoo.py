@@ -290,3 +290,18 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("wsym: error: ") and message in lines[0]
     assert not (tmp_path / "z").exists()
+
+
+def test_a_concurrent_build_into_the_same_directory_is_refused(tmp_path):
+    """A second build while one holds the zoo's lock fails at once, naming the cause."""
+    from filelock import FileLock
+
+    out = tmp_path / "zoo"
+    held = FileLock(tmp_path / ".zoo.build.lock")
+    with held:  # another process building there
+        with pytest.raises(WsymInputError, match="another `wsym zoo build` is writing to"):
+            wsym.zoo.build("mnist1d-mlp", members=1, out=out, progress=False, overrides=TINY)
+    assert not out.exists()  # nothing written
+    zoo = wsym.zoo.build("mnist1d-mlp", members=1, out=out, progress=False, overrides=TINY)
+    assert len(zoo.table) == 1  # the lock is released after a build, and reusable
+    wsym.zoo.build("mnist1d-mlp", members=1, out=out, progress=False, overrides=TINY)

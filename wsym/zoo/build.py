@@ -17,10 +17,13 @@ upstream model (:mod:`wsym.zoo.finetune`), which every member starts from.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 
 import wsym
 from wsym.errors import WsymInputError
@@ -68,6 +71,34 @@ def build(
         raise WsymInputError(f"--members must be positive, got {members}")
     config = load_preset(preset, overrides)
     out = Path(out)
+    with _build_lock(out):
+        return _build(out, config, members, seed, backend, workers, progress, address)
+
+
+@contextmanager
+def _build_lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on building into ``out``: a second build fails at once, clearly.
+
+    The lock file sits beside the zoo (``.<name>.build.lock``), not inside it, so the
+    zoo's own files are untouched.
+    """
+    if not out.parent.is_dir():
+        raise WsymInputError(f"cannot build into {out}: directory {out.parent} does not exist")
+    lock = FileLock(out.parent / f".{out.name}.build.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout as err:
+        raise WsymInputError(
+            f"another `wsym zoo build` is writing to {out} (lock {lock.lock_file}); wait for "
+            "it to finish, or build into another --out"
+        ) from err
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _build(out, config, members, seed, backend, workers, progress, address) -> Zoo:
     manifest = _open(out, config, seed, members)
     upstream = None
     if "pretrain" in config:  # a fine-tune zoo: its upstream model, trained once, stored
