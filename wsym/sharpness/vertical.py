@@ -69,6 +69,8 @@ class Horizontal:
     Attributes:
         groups: the scaling groups measured through their exponents (not blocks).
         iterations: conjugate-gradient iterations of the last projection.
+        exact: precondition with the Schur complement where it applies (default True;
+            False keeps the per-group preconditioner, as a reference).
     """
 
     def __init__(self, geom, spec: SymmetrySpec):
@@ -305,7 +307,11 @@ class Horizontal:
         return True
 
     def solve(self, b: Coefficients) -> Coefficients:
-        """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones."""
+        """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones.
+
+        CG is preconditioned by the Schur complement of :mod:`wsym.sharpness.schur`
+        where it applies (one iteration), else by the exact per-group solves.
+        """
         units, trans, stacks = self._cg
         exact = self._restrict(self.precondition(b), ~units, ~trans, [not c for c in stacks])
         self.iterations = 0
