@@ -277,12 +277,14 @@ class Geodesic(Adaptive):
         block's vertical space, so no per-block projection first); the metric applied
         to ``M^-1 g`` is ``g`` itself, masked, which the projection takes as given.
         """
-        out = super().gradient(g)
+        flat = self._flat(g) if self.slots else None  # the plain entries, flattened once
+        out = self._split(flat * self._scale) if self.slots else []
         for blk, m, x in zip(self.blocks, self.metrics, self._pairs(g), strict=True):
             out.extend(riemannian_gradient(blk, x, m, EPS, project=False))
-        k = len(self.slots)
-        covector = (self._split(self._flat(g) * self._keep) if self.slots else []) + list(g[k:])
-        return self.horizontal.project(out, covector)
+        parts = ([flat * self._keep] if self.slots else []) + [
+            x.reshape(-1) for x in g[len(self.slots) :]
+        ]
+        return self.horizontal.project(out, torch.cat(parts) if parts else None)
 
     def gradient_norm(self, g, d):
         """Metric norm of ``d = gradient(g)``: ``<g, d>`` (d is M^-1 g projected M-orthogonally)."""

@@ -277,11 +277,11 @@ class Horizontal:
         return out
 
     # -- the projection -------------------------------------------------------------
-    def project(self, xi: list[Tensor], covector: list[Tensor] | None = None) -> list[Tensor]:
+    def project(self, xi: list[Tensor], covector: Tensor | None = None) -> list[Tensor]:
         """The horizontal part of ``xi`` (tangent layout).
 
-        ``covector``: ``M xi`` where the caller has it (a Riemannian gradient's is the
-        Euclidean gradient), which saves applying the metric.
+        ``covector``: ``M xi``, flat, where the caller has it (a Riemannian gradient's is
+        the Euclidean gradient), which saves applying the metric.
         """
         v = self._flat(xi)
         if self.keep is not None:
@@ -290,8 +290,7 @@ class Horizontal:
             if covector is None or not self._keep_commutes:
                 y = self.lower(v)
             else:  # the zeroed entries are whole block rows, so M commutes with zeroing
-                y = self._flat(covector)
-                y = y if self.keep is None else y * self.keep
+                y = covector if self.keep is None else covector * self.keep
             v = v - self.apply(self.solve(self.adjoint(y)))
         return self._unflat(v)
 
