@@ -54,9 +54,12 @@ from alignment import bn_reset_curves, configs, has_batchnorm, rebasin_align  # 
 from alignment import trained_pair as shared_pair  # noqa: E402
 
 import wsym  # noqa: E402
-import wsym.assignment  # noqa: E402
-from wsym.align import CANON_TOL, NO_PERMUTATION  # noqa: E402
-from wsym.canon import canonical_element  # noqa: E402
+from wsym.align.alignment import (  # noqa: E402
+    CANON_TOL,
+    NO_PERMUTATION,
+    assignment,  # noqa: E402
+)
+from wsym.align.canonicalize import canonical_element  # noqa: E402
 
 
 def trained_pair(cfg: dict, cache: Path):
@@ -100,10 +103,10 @@ def reset_barrier(model, sd_a, sd_b, data) -> float:
 
 
 class CountedAssignment:
-    """Stands in for scipy's ``linear_sum_assignment`` in ``wsym.assignment``: calls, seconds."""
+    """Stands in for scipy's ``linear_sum_assignment`` (``wsym.align.assignment``): calls, s."""
 
     def __init__(self):
-        self.solve, self.calls, self.seconds = wsym.assignment.linear_sum_assignment, 0, 0.0
+        self.solve, self.calls, self.seconds = assignment.linear_sum_assignment, 0, 0.0
 
     def __call__(self, *args, **kwargs):
         start = time.process_time()
@@ -123,7 +126,7 @@ def breakdown(align, sd_a, sd_b, spec, repeats: int) -> tuple[float, float, int]
 
     canon = clocked(canonicalize_both, repeats)[2]
     counted = CountedAssignment()
-    wsym.assignment.linear_sum_assignment = counted
+    assignment.linear_sum_assignment = counted
     try:
         lap = []
         for _ in range(repeats):
@@ -131,7 +134,7 @@ def breakdown(align, sd_a, sd_b, spec, repeats: int) -> tuple[float, float, int]
             align()
             lap.append((counted.seconds, counted.calls))
     finally:
-        wsym.assignment.linear_sum_assignment = counted.solve
+        assignment.linear_sum_assignment = counted.solve
     seconds, calls = min(lap)
     return canon, seconds, calls
 

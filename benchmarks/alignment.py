@@ -54,13 +54,14 @@ import torch
 from torch.nn import functional as F
 
 import wsym
-from wsym.act import GroupElement, act
-from wsym.align import weight_matching
-from wsym.connectivity import Curve
-from wsym.data import load
-from wsym.merge import reset_batchnorm_stats
-from wsym.reference import MLP, Block, CNN1d, TinyTransformer
-from wsym.train import evaluate, train
+from wsym.align.alignment import weight_matching
+from wsym.align.interpolate import Curve
+from wsym.align.merge import reset_batchnorm_stats
+from wsym.group.elements import GroupElement, act
+from wsym.io.datasets import load
+from wsym.models.evaluate import evaluate
+from wsym.models.networks import MLP, Block, CNN1d, TinyTransformer
+from wsym.models.train import train
 
 STEPS = 11
 EPOCHS_LARGE = 10

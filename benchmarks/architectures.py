@@ -14,7 +14,7 @@ groups per kind, the largest verified deviation, detection time in seconds and i
 float32 forward passes of the same model, the probe's float64 forward passes, and
 peak memory above the model itself relative to the float64 model's size.
 
-The check does not use ``wsym.verify``: it acts with ``spec.sample(seed,
+The check does not use ``wsym.group.verify``: it acts with ``spec.sample(seed,
 scale=(0.1, 10))`` for two seeds and compares float64 outputs on the example
 inputs, on fresh random inputs and on the fresh inputs scaled by 20 (float inputs
 only). A claim is false above ``1e-10`` relative (``1e-5`` for models that compute
@@ -45,8 +45,8 @@ from torch.utils._pytree import tree_flatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import wsym  # noqa: E402
-from wsym.graph.trace import model_inputs  # noqa: E402
-from wsym.verify import Probe  # noqa: E402
+from wsym.detect.tracing.export import model_inputs  # noqa: E402
+from wsym.group.verify import Probe  # noqa: E402
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "architectures_results.jsonl"
@@ -173,7 +173,7 @@ def _fresh(x, gen, dtype):
 
 
 def check(model, inputs, spec) -> tuple[float, bool]:
-    """Largest relative output change of acted float64 models (independent of wsym.verify).
+    """Largest relative output change of acted float64 models (independent of wsym.group.verify).
 
     Models with a kernel that has no float64 version are checked in float32 (and
     count as computing in low precision).

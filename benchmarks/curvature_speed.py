@@ -1,7 +1,7 @@
 """Time a gradient and a Hessian-vector product (forward-over-reverse) on two models.
 
 Goal: an HVP costs at most 3x a gradient. Models: an mnist1d-like MLP
-40 -> 512 -> 512 -> 10 on a batch of 256, and ``wsym.reference.TinyTransformer()``
+40 -> 512 -> 512 -> 10 on a batch of 256, and ``wsym.models.networks.TinyTransformer()``
 (default config) on a float input (64, 10, 4). Median of 10 timed calls
 (``time.perf_counter``) after warm-up, float32.
 
@@ -16,9 +16,9 @@ import time
 import torch
 from torch import nn
 
-from wsym.curvature import gradient, hvp
-from wsym.curvature.objective import model_params
-from wsym.reference import MLP, TinyTransformer
+from wsym.models.networks import MLP, TinyTransformer
+from wsym.sharpness.curvature import gradient, hvp
+from wsym.sharpness.curvature.objective import model_params
 
 
 def median_times(fns, repeats, device):

@@ -28,8 +28,8 @@ import torch
 
 import wsym
 from wsym.detect import find_candidates
-from wsym.graph.trace import trace
-from wsym.verify import Probe, screen
+from wsym.detect.tracing.export import trace
+from wsym.group.verify import Probe, screen
 
 GOAL = 20
 REPEATS = 3
@@ -58,7 +58,7 @@ MODELS = {"resnet50": resnet50, "bert-base": bert_base}
 
 
 class CountingProbe(Probe):
-    """A :class:`~wsym.verify.Probe` that counts its forward passes."""
+    """A :class:`~wsym.group.verify.Probe` that counts its forward passes."""
 
     calls = 0
 

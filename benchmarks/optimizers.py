@@ -72,12 +72,12 @@ from torch import nn
 from torch.nn import functional as F
 
 import wsym
-from wsym.data import Dataset, load
 from wsym.errors import WsymInputError
+from wsym.io.datasets import Dataset, load
+from wsym.models.evaluate import evaluate
+from wsym.models.networks import MLP, ResidualCNN, TinyTransformer
 from wsym.optim import ASAM, LLQR, LLQRSAM, SAM, FisherSAM, GeoSAM, LQRPreconditioner
 from wsym.optim.base import frozen_buffers
-from wsym.reference import MLP, ResidualCNN, TinyTransformer
-from wsym.train import evaluate
 
 METHODS = (
     "sgd",

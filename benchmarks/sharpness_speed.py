@@ -12,7 +12,7 @@ per-call overhead (float64 copy, ``Quotient`` construction, the initial gradient
 is not timed. Median of ``--repeats`` interleaved calls (``time.perf_counter``) after
 warm-up; all measures in one run on the same model and batch.
 
-Models: ``wsym.reference.TinyTransformer()`` (default config) on a float input
+Models: ``wsym.models.networks.TinyTransformer()`` (default config) on a float input
 (64, 10, 4) with random class targets and cross-entropy, and a small Hugging Face
 ``BertModel`` (hidden 64, 2 layers, 4 heads, intermediate 128, vocab 256) on
 ``{"input_ids": (8, 16)}`` and ``(32, 64)`` (dict inputs), with a cross-entropy on
@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 import wsym
-from wsym.reference import TinyTransformer
+from wsym.models.networks import TinyTransformer
 from wsym.sharpness import vertical
 from wsym.sharpness.quotient import Quotient
 

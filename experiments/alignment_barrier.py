@@ -31,9 +31,9 @@ import torch
 from torch.nn import functional as F
 
 import wsym
-from wsym.data import load
-from wsym.reference import MLP
-from wsym.train import train
+from wsym.io.datasets import load
+from wsym.models.networks import MLP
+from wsym.models.train import train
 
 SETTINGS = {
     "base": {"data": "mnist1d", "depth": 2, "epochs": 30, "weight_decay": 0.0},

@@ -17,7 +17,7 @@ is a ``1 x 1`` GL(1) block whose horizontal tangents are ``b_i (u_i, v_i)``, and
 the geodesics are known in closed form (invariant ``(u, v) e^{b}``, mixed
 ``(u, v) sqrt(1 + 2b)``, the latter ending at ``w_i = 0`` for ``b <= -1/2``).
 The flag adds both measures with these exact geodesics in place of the
-second-order step of :func:`wsym.geometry.geodesic_step`. It shows that the
+second-order step of :func:`wsym.sharpness.geometry.geodesic_step`. It shows that the
 mixed measure's second-order step is not a small correction here: the mixed
 ball ``2 sum b_i^2 w_i^2 <= rho^2`` allows ``b_i ~ rho / |w_i|``, huge on the
 near-zero coordinates of a sparse solution, where the truncated step
@@ -41,8 +41,8 @@ import torch
 from scipy.stats import kendalltau
 
 import wsym
-from wsym.geometry import Pair
 from wsym.sharpness import average_case, worst_case
+from wsym.sharpness.geometry import Pair
 from wsym.sharpness.perturbation import Geodesic
 
 PAPER = {"adaptive": -0.68, "geodesic-inv": -0.83, "geodesic-mix": -0.86}

@@ -50,8 +50,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import wsym
-from wsym.data import load
-from wsym.reference import MLP
+from wsym.io.datasets import load
+from wsym.models.networks import MLP
 
 
 def last_layer_alignment(model: MLP, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from wsym.metanet.population import save_population, train_population
-from wsym.reference import MLP, TinyTransformer
+from wsym.models.networks import MLP, TinyTransformer
 
 
 class Patches(nn.Module):

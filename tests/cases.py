@@ -17,7 +17,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 
 import wsym
-from wsym.reference import MLP, ResidualCNN, TinyTransformer
+from wsym.models.networks import MLP, ResidualCNN, TinyTransformer
 
 
 @dataclass(frozen=True)
@@ -384,7 +384,7 @@ def _flat_outputs(model, state, inputs):
 
 
 def independent_deviation(model, x, spec, seeds=(0,), fresh_seed=5) -> float:
-    """Worst relative output change, independently of ``wsym.verify``.
+    """Worst relative output change, independently of ``wsym.group.verify``.
 
     Acts with ``spec.sample(seed, scale=(0.1, 10))`` and compares float64
     outputs (every output tensor) on ``x`` (a Tensor, or a dict of keyword

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from wsym.errors import WsymInputError
-from wsym.spec import Group, Leaf, Split, SymmetrySpec, leaves
+from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from test_canon import double
 
 import wsym
 from wsym.errors import WsymInputError
-from wsym.reference import MLP
+from wsym.models.networks import MLP
 
 CASES = [
     "mlp-relu",

@@ -9,9 +9,9 @@ from test_canon import double
 from test_detect import as_float64, outputs
 
 import wsym
-from wsym.continuous import best_scales, fit_continuous, gl_objective, mismatch
+from wsym.align.continuous import best_scales, fit_continuous, gl_objective, mismatch
+from wsym.align.matching import weight_matching
 from wsym.group.elements import GroupElement, act
-from wsym.matching import weight_matching
 
 CASES = ["mlp-relu", "residual-cnn", "tiny-transformer", "bert"]
 
@@ -76,7 +76,7 @@ def test_best_scale_is_the_global_minimum_on_a_grid(squares, inner, exps):
 
 
 def test_gl_fit_lowers_each_heads_objective():
-    from wsym.continuous import _fit_gl
+    from wsym.align.continuous import _fit_gl
 
     gen = torch.Generator().manual_seed(0)
     g, h = (torch.randn(3, 10, 4, generator=gen, dtype=torch.float64) for _ in range(2))

@@ -1,6 +1,6 @@
 """The fast paths of alignment against their plain references (float64).
 
-Memoized block plans against :func:`wsym.act.transform`, the incremental
+Memoized block plans against :func:`wsym.group.layout.transform`, the incremental
 pairing score against the full product, the reduced assignment and the argmax
 certificate against brute force (ties included), over-relaxed balancing
 against plain sweeps, and weight matching with and without score updates.
@@ -16,16 +16,16 @@ from scipy.optimize import linear_sum_assignment
 from test_canon import double
 
 import wsym
-import wsym.canon
-import wsym.matching
-from wsym.act import GroupElement, act, map_blocks, transform
-from wsym.align import NO_PERMUTATION
-from wsym.assignment import MARGIN, assignment, diagonal_reduced, dominant_assignment, reduced
-from wsym.canon import canonical_element
-from wsym.matching import plain_score, weight_matching
-from wsym.reference import MLP
-from wsym.spec import leaves
-from wsym.units import unit_matrix, unit_sums
+from wsym.align.alignment import NO_PERMUTATION, matching
+from wsym.align.alignment import canonicalize as canonical_forms
+from wsym.align.assignment import MARGIN, assignment, diagonal_reduced, dominant_assignment, reduced
+from wsym.align.canonicalize import canonical_element
+from wsym.align.matching import plain_score, weight_matching
+from wsym.group.elements import GroupElement, act
+from wsym.group.layout import map_blocks, transform
+from wsym.group.spec import leaves
+from wsym.group.units import unit_matrix, unit_sums
+from wsym.models.networks import MLP
 
 CASES = ["mlp-relu", "residual-cnn", "tiny-transformer", "gqa", "concat", "bert"]
 
@@ -214,7 +214,7 @@ def test_over_relaxed_balancing_reaches_the_plain_fixed_point(detected, name, mo
     _, _, spec = detected(name)
     sd = double(spec.act(spec.sample(seed=5), _state(detected, name)))
     fast, _ = canonical_element(sd, spec, kinds=NO_PERMUTATION)
-    monkeypatch.setattr(wsym.canon, "OVER_RELAXATION", {})
+    monkeypatch.setattr(canonical_forms, "OVER_RELAXATION", {})
     plain, _ = canonical_element(sd, spec, kinds=NO_PERMUTATION)
     for k in sd:
         if sd[k].is_floating_point():
@@ -233,13 +233,13 @@ def test_weight_matching_with_score_updates_equals_full_products(seed, monkeypat
     b = {k: v + 0.8 * torch.randn_like(v) for k, v in b.items()}
     updated = weight_matching(spec, a, b)
     calls = []
-    full = wsym.matching.plain_score
+    full = matching.plain_score
 
     def never_update(ref, cur, previous=None):
         calls.append(previous is not None)
         return full(ref, cur)
 
-    monkeypatch.setattr(wsym.matching, "plain_score", never_update)
+    monkeypatch.setattr(matching, "plain_score", never_update)
     plain = weight_matching(spec, a, b)
     assert any(calls)  # the descent did reach classes with a previous score
     moved_u = act(spec, GroupElement(tuple(updated)), b)

@@ -8,12 +8,12 @@ from scipy.optimize import linear_sum_assignment
 from test_canon import double
 
 import wsym
-from wsym.act import GroupElement, act
-from wsym.align import NO_PERMUTATION, procrustes, weight_matching
-from wsym.canon import canonical_element
-from wsym.matching import ROTATION_TOL
+from wsym.align.alignment import NO_PERMUTATION, procrustes, weight_matching
+from wsym.align.canonicalize import canonical_element
+from wsym.align.matching import ROTATION_TOL
+from wsym.group.elements import GroupElement, act
+from wsym.group.units import block_matrices, odd_rows, unit_matrix
 from wsym.testing import perturbed
-from wsym.units import block_matrices, odd_rows, unit_matrix
 
 CASES = ["mlp-relu", "mlp-tanh", "residual-cnn", "tiny-transformer", "gqa", "concat"]
 
@@ -133,7 +133,7 @@ def test_procrustes_undoes_a_rotation_and_never_moves_blocks_apart(detected, nam
 def test_align_result_is_unchanged_by_the_fast_path_on_an_mlp_pair():
     """Two independently initialized MLPs: wsym.align equals the plain loop end to end."""
     torch.manual_seed(0)
-    a, b = wsym.reference.MLP(6, [9, 7], 3), wsym.reference.MLP(6, [9, 7], 3)
+    a, b = wsym.models.networks.MLP(6, [9, 7], 3), wsym.models.networks.MLP(6, [9, 7], 3)
     spec = wsym.detect(a, torch.randn(4, 6))
     sd_a, sd_b = double(a.state_dict()), double(b.state_dict())
     ref, g_ref = canonical_element(sd_a, spec, kinds=NO_PERMUTATION)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linear_sum_assignment
 
-from wsym.assignment import assignment, dominant_assignment
+from wsym.align.assignment import assignment, dominant_assignment
 
 
 def brute_force(score: torch.Tensor) -> float:

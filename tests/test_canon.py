@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from test_detect import as_float64, outputs
 
 import wsym
-from wsym.reference import MLP
+from wsym.models.networks import MLP
 
 CASES = [
     "mlp-relu",

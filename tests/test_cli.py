@@ -1,7 +1,7 @@
 """Tests of the ``wsym`` command line.
 
 Tests marked ``# needs wsym.detect`` run the real detector end to end; the others
-replace ``wsym.detect`` and ``wsym.graph`` with fakes, so they exercise every CLI
+replace ``wsym.detect`` and ``wsym.detect.tracing`` with fakes, so they exercise every CLI
 path (parsing, model building, checkpoints, exit codes, output) on their own.
 """
 
@@ -40,7 +40,7 @@ class FakeSpec:
 
 @pytest.fixture
 def fake_core(monkeypatch):
-    """Stand-ins for wsym.detect and wsym.graph.write_graph; records the calls."""
+    """Stand-ins for wsym.detect and wsym.detect.tracing.write_graph; records the calls."""
     calls = {"detect": [], "write_graph": []}
 
     def detect(model, inputs):
@@ -52,10 +52,10 @@ def fake_core(monkeypatch):
         calls["write_graph"].append((graph, path))
         path.write_text("graph")
 
-    graph_module = types.ModuleType("wsym.graph")
+    graph_module = types.ModuleType("wsym.detect.tracing")
     graph_module.write_graph = write_graph
     monkeypatch.setattr(wsym, "detect", detect, raising=False)
-    monkeypatch.setitem(sys.modules, "wsym.graph", graph_module)
+    monkeypatch.setitem(sys.modules, "wsym.detect.tracing", graph_module)
     monkeypatch.setattr(wsym, "graph", graph_module, raising=False)
     return calls
 
@@ -316,7 +316,7 @@ def test_torch_reports_reach_stderr_only_with_debug(capsys, monkeypatch, debug):
     import logging
 
     def detect(model, inputs):
-        logging.getLogger("wsym.graph").debug("torch.export wrote:\nGRAPH DUMP")
+        logging.getLogger("wsym.detect.tracing").debug("torch.export wrote:\nGRAPH DUMP")
         return FakeSpec(model, inputs)
 
     monkeypatch.setattr(wsym, "detect", detect, raising=False)

@@ -8,8 +8,8 @@ import torch
 
 import wsym
 from wsym.cli import main as cli
-from wsym.factory import build_model
 from wsym.io import load_state_dict, save_state_dict
+from wsym.models.registry import build_model
 
 CONFIG = "d_in=40"
 MODEL = ["--model", "wsym:mlp", "--config", CONFIG]

@@ -8,8 +8,8 @@ import torch
 
 import wsym
 from wsym.cli import main as cli
-from wsym.factory import build_model
 from wsym.io import save_state_dict
+from wsym.models.registry import build_model
 
 DATA = ["--data", "mnist1d", "--batch-size", "64", "--batches", "2", "--steps", "3"]
 MLP = ["--model", "wsym:mlp", "--config", "d_in=40", *DATA]

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from wsym.curvature import (
+from wsym.models.networks import MLP, CNN1d, TinyTransformer
+from wsym.sharpness.curvature import (
     diagonal_fisher,
     diagonal_hessian,
     fisher_riemannian_sharpness,
@@ -20,10 +21,9 @@ from wsym.curvature import (
     lambda_max,
     sample_labels,
 )
-from wsym.curvature.hutchinson import split_rows
-from wsym.curvature.objective import flatten, model_params, unflatten
-from wsym.curvature.reference import dense_fisher, dense_hessian, per_sample_fisher_diagonal
-from wsym.reference import MLP, CNN1d, TinyTransformer
+from wsym.sharpness.curvature.hutchinson import split_rows
+from wsym.sharpness.curvature.objective import flatten, model_params, unflatten
+from wsym.testing.oracles.curvature import dense_fisher, dense_hessian, per_sample_fisher_diagonal
 
 # forward-mode AD loads torch's jvp decompositions through torch.jit.script (torch internal)
 pytestmark = [

@@ -5,10 +5,11 @@ import pytest
 import torch
 from torch import nn
 
-from wsym.data import load
 from wsym.errors import WsymInputError
-from wsym.reference import MLP, TinyTransformer
-from wsym.train import evaluate, train
+from wsym.io.datasets import load
+from wsym.models.evaluate import evaluate
+from wsym.models.networks import MLP, TinyTransformer
+from wsym.models.train import train
 
 SHAPES = {
     "mnist1d": ((4000, 40), (1000, 40)),

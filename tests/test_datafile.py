@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from wsym import data
 from wsym.cli import main as cli
 from wsym.errors import WsymInputError
+from wsym.io import datasets as data
 
 
 def _tensors(n=12, d=40, seed=0):

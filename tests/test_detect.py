@@ -8,7 +8,7 @@ from cases import CASES
 from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 
-from wsym.graph import split_inputs
+from wsym.models.calling import split_inputs
 
 IDS = [c.name for c in CASES]
 PARAMS = [pytest.param(c.name, marks=pytest.mark.slow) if c.slow else c.name for c in CASES]

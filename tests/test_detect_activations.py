@@ -6,7 +6,7 @@ from torch import nn
 
 import wsym
 from wsym.detect.rules.activation import claims
-from wsym.spec import Group, SymmetrySpec, leaves
+from wsym.group.spec import Group, SymmetrySpec, leaves
 
 # inputs spanning every regime: tails (x20: tanh, relu6's cap), the linear region (x1/20)
 X = torch.cat([torch.randn(64, dtype=torch.float64) * f for f in (1.0, 20.0, 0.05)])
@@ -123,8 +123,8 @@ def test_tolerance_is_calibrated_to_the_models_floor():
 
 def test_adversarial_search_pushes_towards_a_counterexample():
     """Where a false claim barely shows, gradient ascent on the inputs makes it show more."""
-    from wsym.adversary import adversarial_inputs
-    from wsym.verify import Probe, deviation
+    from wsym.group.adversary import adversarial_inputs
+    from wsym.group.verify import Probe, deviation
 
     torch.manual_seed(0)
     model = Act(nn.Hardtanh(-3.0, 3.0))  # odd, not homogeneous: a scaling claim is false

@@ -8,7 +8,7 @@ from cases import DataDependentClamp
 from torch import nn
 
 import wsym
-from wsym.spec import SymmetrySpec
+from wsym.group.spec import SymmetrySpec
 
 
 def quiet_detect(model, x):

@@ -1,4 +1,4 @@
-"""The models named in issue #16, each checked independently of ``wsym.verify``.
+"""The models named in issue #16, each checked independently of ``wsym.group.verify``.
 
 The check acts with ``spec.sample(seed, scale=(0.1, 10))`` and compares float64
 outputs on the example inputs, fresh inputs and fresh inputs scaled by 20 (the

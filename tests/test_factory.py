@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from wsym import factory
 from wsym.errors import WsymInputError
-from wsym.factory import (
+from wsym.models import registry as factory
+from wsym.models.registry import (
     build_model,
     example_inputs,
     hf_model_config,

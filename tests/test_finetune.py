@@ -9,7 +9,7 @@ from torch.nn import functional as F
 import wsym
 import wsym.zoo
 from wsym.errors import WsymInputError
-from wsym.reference import TinyTransformer
+from wsym.models.networks import TinyTransformer
 from wsym.sharpness.correlation import calibrate_rho, kendall, partial_kendall, scramble
 from wsym.zoo import finetune
 from wsym.zoo.presets import load_preset

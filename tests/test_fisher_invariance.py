@@ -9,8 +9,8 @@ from cases import _stock_cnn
 from torch.nn import functional as F
 
 import wsym
-from wsym.curvature import fisher_riemannian_sharpness
-from wsym.reference import MLP
+from wsym.models.networks import MLP
+from wsym.sharpness.curvature import fisher_riemannian_sharpness
 
 KINDS = ["scaling", "sign", "norm_scaling", "permutation"]
 TOL = 1e-6

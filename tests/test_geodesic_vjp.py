@@ -6,10 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wsym
-from wsym import quotient
-from wsym.geometry import Pair, geodesic_step, geodesic_step_vjp
-from wsym.reference import TinyTransformer
-from wsym.sharpness import worst_case
+from wsym.models.networks import TinyTransformer
+from wsym.sharpness import quotient, worst_case
+from wsym.sharpness.geometry import Pair, geodesic_step, geodesic_step_vjp
 from wsym.sharpness.perturbation import Geodesic
 
 

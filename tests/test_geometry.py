@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wsym.geometry import (
+from wsym.sharpness.geometry import (
     METRICS,
     Pair,
     act,
@@ -29,7 +29,7 @@ from wsym.geometry import (
     riemannian_gradient,
     vertical,
 )
-from wsym.geometry.reference import (
+from wsym.testing.oracles.geometry import (
     geodesic_acceleration,
     geodesic_path,
     metric_matrix,

@@ -10,9 +10,9 @@ from torch.nn import functional as F
 
 import wsym
 from wsym.errors import SymmetryWarning
+from wsym.models.networks import MLP, ResidualCNN, TinyTransformer
 from wsym.optim import ASAM, GeoSAM
 from wsym.optim.balance import balancing
-from wsym.reference import MLP, ResidualCNN, TinyTransformer
 
 TOL = 1e-6
 

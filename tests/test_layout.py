@@ -1,6 +1,6 @@
 """The one block reader: gather/scatter against the readers it replaces (float64).
 
-``wsym.group.layout.gather`` equals ``wsym.units.block_matrices``' old reading and
+``wsym.group.layout.gather`` equals ``wsym.group.units.block_matrices``' old reading and
 ``wsym.sharpness.blocks.gather_group`` (GL and GL(1) scaling blocks: same shapes, same
 order), ``scatter`` equals ``wsym.sharpness.blocks.scatter_group``, is the inverse of
 gathering on the entries read and its adjoint.
@@ -9,10 +9,10 @@ gathering on the entries read and its adjoint.
 import pytest
 import torch
 
-from wsym.geometry import Pair
 from wsym.group.kinds import kind_of
 from wsym.group.layout import gather, scatter
 from wsym.sharpness.blocks import gather_group, scatter_group
+from wsym.sharpness.geometry import Pair
 
 NAMES = [
     "mlp-relu",

@@ -7,11 +7,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from wsym.curvature.reference import dense_hessian
 from wsym.errors import WsymInputError
+from wsym.models.networks import MLP
 from wsym.optim import LLQR, LLQRSAM, LQRPreconditioner
 from wsym.optim.lqr import Linearization, damping_value, fit
-from wsym.optim.reference import (
+from wsym.optim.structures import STRUCTURES, Dense, Eigen, Kronecker, blocks_of
+from wsym.testing.oracles.curvature import dense_hessian
+from wsym.testing.oracles.optim import (
     block_optimum,
     dense_curvature,
     flatten,
@@ -19,8 +21,6 @@ from wsym.optim.reference import (
     symmetric_block_optimum,
     unflatten,
 )
-from wsym.optim.structures import STRUCTURES, Dense, Eigen, Kronecker, blocks_of
-from wsym.reference import MLP
 
 RICHER = ("diagonal", "kfac", "eigen", "dense")
 

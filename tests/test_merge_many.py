@@ -6,7 +6,7 @@ from test_canon import double
 
 import wsym
 from wsym.errors import WsymInputError
-from wsym.reference import MLP
+from wsym.models.networks import MLP
 
 
 @pytest.fixture(scope="module")

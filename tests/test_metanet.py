@@ -10,11 +10,11 @@ pytest.importorskip("torch_geometric")
 
 import wsym
 from wsym.errors import WsymInputError
+from wsym.group.spec import Leaf, Split
 from wsym.metanet import GraphSchema, Predictor, fit, kendall_tau, load
 from wsym.metanet.graph import axis_entries
 from wsym.metanet.predictor import network_for
-from wsym.reference import MLP
-from wsym.spec import Leaf, Split
+from wsym.models.networks import MLP
 from wsym.testing import assert_invariant, assert_sensitive, invariance_error
 
 GRAPH_CASES = [

@@ -17,7 +17,7 @@ from wsym.io import save_state_dict
 from wsym.metanet.baselines import nfn_layers, weight_statistics
 from wsym.metanet.evaluate import evaluate, format_table, scatter_plot, zoo_splits
 from wsym.metanet.population import load_population, save_population, train_population
-from wsym.reference import MLP, ResidualCNN
+from wsym.models.networks import MLP, ResidualCNN
 
 
 def _factory():

@@ -16,7 +16,7 @@ from wsym.metanet.fit import BLENDS
 from wsym.metanet.layers import stat_input
 from wsym.metanet.statistics import StatisticsEnsemble
 from wsym.metanet.trees import BoostedTrees
-from wsym.reference import MLP
+from wsym.models.networks import MLP
 from wsym.testing import assert_invariant
 
 

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 import wsym
 from wsym.errors import WsymInputError
+from wsym.models.networks import MLP
 from wsym.optim import (
     ASAM,
     LLQRSAM,
@@ -22,7 +23,7 @@ from wsym.optim import (
     KroneckerFisher,
 )
 from wsym.optim.base import global_norm
-from wsym.reference import MLP
+from wsym.sharpness.curvature import diagonal_fisher
 
 
 def _regression(seed=0, n=32):
@@ -185,7 +186,7 @@ def test_diagonal_preconditioner_is_scaled_damped_inverse_fisher():
     params = {n: p.detach() for n, p in model.named_parameters()}
     pre = DiagonalFisher(damping=0.01)
     pre.estimate(model, params, x)
-    fisher = wsym.curvature.diagonal_fisher(model, [(x, None)], 1, 0, params)
+    fisher = diagonal_fisher(model, [(x, None)], 1, 0, params)
     mean = torch.cat([f.reshape(-1) for f in fisher.values()]).mean()
     inv = {n: 1 / (f + 0.01 * mean) for n, f in fisher.items()}
     for n in params:  # U = 1 at the mean curvature

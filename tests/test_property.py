@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import wsym
-from wsym.reference import MLP, ResidualCNN, TinyTransformer
+from wsym.models.networks import MLP, ResidualCNN, TinyTransformer
 
 SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,13 +12,13 @@ import torch
 from cases import STOCK, STOCK_HEAVY, _e3nn, stock_case, stock_generator
 
 import wsym
-from wsym.act import sample
 from wsym.errors import SymmetryWarning, WsymInputError
-from wsym.geometry import horizontal
+from wsym.group.elements import sample
 from wsym.group.generators import continuous_groups
-from wsym.reference import MLP
+from wsym.models.networks import MLP
 from wsym.sharpness import Estimate, sharpness
 from wsym.sharpness.gauge import balanced, gauged_groups
+from wsym.sharpness.geometry import horizontal
 from wsym.sharpness.perturbation import Geodesic
 
 TOL = 1e-6

@@ -7,10 +7,10 @@ import torch
 from test_canon import double
 
 import wsym
+from wsym.align.merge import reset_batchnorm_stats
+from wsym.align.repair import Repair, correction_points, unit_statistics
 from wsym.errors import WsymInputError
-from wsym.merge import reset_batchnorm_stats
-from wsym.reference import MLP, CNN1d, TinyTransformer
-from wsym.repair import Repair, correction_points, unit_statistics
+from wsym.models.networks import MLP, CNN1d, TinyTransformer
 
 
 def batches(shape, n=3, seed=0):

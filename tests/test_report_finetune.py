@@ -4,8 +4,8 @@ import pytest
 
 import wsym.zoo
 from wsym.report import finetune
-from wsym.report.context import Context
 from wsym.report.document import Document
+from wsym.report.run import ReportRun
 
 pytestmark = pytest.mark.skipif(
     not (finetune.FINETUNE_ZOO / "manifest.json").is_file(), reason="needs data/zoos/vit-finetune"
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
 
 def test_section_keeps_invariant_measures_and_moves_the_others():
     zoo = wsym.zoo.load(finetune.FINETUNE_ZOO)
-    ctx = Context(zoo=zoo, spec=None, quick=True, progress=False)
+    ctx = ReportRun(zoo=zoo, spec=None, quick=True, progress=False)
     doc = Document("t")
     numbers = finetune.section(ctx, doc)
     assert len(numbers["members"]) == finetune.QUICK_MEMBERS
@@ -30,6 +30,6 @@ def test_section_keeps_invariant_measures_and_moves_the_others():
 
 def test_section_without_the_zoo_says_how_to_build_it(tmp_path):
     doc = Document("t")
-    ctx = Context(zoo=None, spec=None, quick=True, progress=False)
+    ctx = ReportRun(zoo=None, spec=None, quick=True, progress=False)
     assert finetune.section(ctx, doc, tmp_path / "none") == {}
     assert "wsym zoo build --preset vit-finetune" in doc.render()

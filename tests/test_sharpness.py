@@ -1,4 +1,4 @@
-"""wsym.sharpness and wsym.quotient: invariance under the claimed groups, in float64."""
+"""wsym.sharpness and wsym.sharpness.quotient: invariance under the claimed groups, in float64."""
 
 import copy
 import warnings
@@ -6,9 +6,9 @@ import warnings
 import pytest
 import torch
 
-from wsym import units
-from wsym.act import sample
 from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.group import units
+from wsym.group.elements import sample
 from wsym.sharpness import quotient, sharpness
 
 RATIO = 1e-3
@@ -248,7 +248,7 @@ def test_fisher_invariant_to_elementwise_groups(detected, name):
     values = [
         sharpness(m, [(x, y)], _ce, spec=spec, measure="fisher", probes=8) for m in (model, moved)
     ]
-    from wsym.curvature import fisher_riemannian_sharpness
+    from wsym.sharpness.curvature import fisher_riemannian_sharpness
 
     plain = [  # at the point itself, not the canonical one: no invariance from the orbit
         fisher_riemannian_sharpness(m, [(x, y)], _ce, probes=8, relative=False)

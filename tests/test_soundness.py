@@ -10,9 +10,9 @@ from torch import nn
 
 import wsym
 from wsym.errors import SymmetryWarning, WsymInputError
-from wsym.reference import MLP
-from wsym.spec import Group, SymmetrySpec, leaves
-from wsym.verify import Probe, deviation
+from wsym.group.spec import Group, SymmetrySpec, leaves
+from wsym.group.verify import Probe, deviation
+from wsym.models.networks import MLP
 
 
 def test_wrong_scaling_claim_is_caught_by_verify():

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import wsym
-from wsym.act import sample
+from wsym.detect.tracing import write_graph
 from wsym.errors import WsymInputError
-from wsym.graph import write_graph
-from wsym.spec import SymmetrySpec
+from wsym.group.elements import sample
+from wsym.group.spec import SymmetrySpec
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_graph_export(spec_and_model, tmp_path):
 
 
 def test_wrong_inputs_give_one_line_error():
-    mlp = wsym.reference.MLP(4, [5], 2)
+    mlp = wsym.models.networks.MLP(4, [5], 2)
     with pytest.raises(WsymInputError, match="fails on the example inputs") as err:
         wsym.detect(mlp, torch.randn(3, 7))
     assert "\n" not in str(err.value)
@@ -115,9 +115,9 @@ def test_fallback_tracer_handles_data_dependent_control_flow():
 
 
 def test_fallback_tracer_sees_convolutions():
-    from wsym.graph.record import record
+    from wsym.detect.tracing.record import record
 
-    model = wsym.reference.ResidualCNN(channels=3)
+    model = wsym.models.networks.ResidualCNN(channels=3)
     traced = record(model.eval(), (torch.randn(1, 1, 5, 5),), {})
     from wsym.detect.analyze import analyze
     from wsym.detect.solve import solve

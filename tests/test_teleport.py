@@ -8,9 +8,9 @@ import torch
 from torch.nn import functional as F
 
 import wsym
-from wsym.curvature import gradient, hessian_trace
 from wsym.errors import SymmetryWarning, WsymInputError
-from wsym.reference import MLP, ResidualCNN
+from wsym.models.networks import MLP, ResidualCNN
+from wsym.sharpness.curvature import gradient, hessian_trace
 
 
 def _batches(shape, classes=3, n=2, seed=1):
@@ -122,7 +122,7 @@ def test_teleport_bad_input():
 
 
 def test_teleport_trace_is_the_hutchinson_estimate_of_curvature():
-    from wsym.teleport import _objective, _probes
+    from wsym.optim.teleport import _objective, _probes
 
     torch.manual_seed(0)
     model = MLP(5, [8], 3).double().eval()
@@ -141,7 +141,7 @@ def test_teleport_trace_is_the_hutchinson_estimate_of_curvature():
 
 @pytest.mark.parametrize("kind", ["orthogonal", "translation"])
 def test_teleport_moves_along_any_continuous_kind_it_is_given(kind):
-    from wsym.reference import TinyTransformer
+    from wsym.models.networks import TinyTransformer
 
     torch.manual_seed(0)
     rotary = kind == "orthogonal"

@@ -9,9 +9,9 @@ from torch.nn import functional as F
 
 import wsym
 from wsym.errors import WsymInputError
+from wsym.models.networks import MLP
 from wsym.optim import SAM
 from wsym.optim.transport import transport_state
-from wsym.reference import MLP
 
 
 def _data(d=4, classes=3, n=32):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import wsym
-import wsym.resources
+import wsym.io.resources
 import wsym.zoo
 from wsym.cli import main as cli
 from wsym.errors import WsymInputError
@@ -204,7 +204,7 @@ def test_bad_preset_files(tmp_path):
     path.write_text("{not json")
     with pytest.raises(WsymInputError, match="cannot read zoo preset"):
         wsym.zoo.load_preset(str(path))
-    preset = json.loads((wsym.resources.PRESETS / "mnist1d-mlp.json").read_text())
+    preset = json.loads((wsym.io.resources.PRESETS / "mnist1d-mlp.json").read_text())
     del preset["hyperparameters"]["lr"]
     path.write_text(json.dumps(preset))
     with pytest.raises(WsymInputError, match="lacks hyperparameters.lr"):
@@ -222,7 +222,7 @@ def run(capsys, *argv):
 
 def test_cli_build_info_and_plot(tmp_path, capsys):
     preset = tmp_path / "tiny-mlp.json"
-    config = json.loads((wsym.resources.PRESETS / "mnist1d-mlp.json").read_text())
+    config = json.loads((wsym.io.resources.PRESETS / "mnist1d-mlp.json").read_text())
     config["hyperparameters"].update(epochs=1, train_fraction=0.05)
     config["shard_size"] = 2
     preset.write_text(json.dumps(config))

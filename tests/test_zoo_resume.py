@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import wsym.resources
+import wsym.io.resources
 import wsym.zoo
 from wsym.zoo import store
 
@@ -20,7 +20,7 @@ MEMBERS = 10
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
     """Diagonal networks, one member per shard, ~0.1-0.3 s each: a build of a few seconds."""
-    config = json.loads((wsym.resources.PRESETS / "diagonal.json").read_text())
+    config = json.loads((wsym.io.resources.PRESETS / "diagonal.json").read_text())
     config["shard_size"] = 1
     config["hyperparameters"]["epochs"] = 100
     config["hyperparameters"]["batch_size"] = 10

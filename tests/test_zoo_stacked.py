@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
 
-from wsym.zoo import optim, stacked_mlp
+from wsym.zoo import stacked_mlp, stacked_optim
 
 DTYPE = torch.float64
 ACTIVATIONS = [nn.ReLU, nn.Tanh, nn.GELU, nn.LeakyReLU, nn.Sigmoid, nn.Identity]
@@ -103,13 +103,13 @@ def test_non_mlps_have_no_spec():
 
 
 def run_plan(params, grads_seq, hyper, small):
-    stack = optim.FlatStack({k: v.clone() for k, v in params.items()})
-    old = optim.SMALL_STACK
-    optim.SMALL_STACK = small
+    stack = stacked_optim.FlatStack({k: v.clone() for k, v in params.items()})
+    old = stacked_optim.SMALL_STACK
+    stacked_optim.SMALL_STACK = small
     try:
         plan = stack.plan(hyper)
     finally:
-        optim.SMALL_STACK = old
+        stacked_optim.SMALL_STACK = old
     for grads in grads_seq:
         for k, v in stack.views("grad").items():
             v.copy_(grads[k])
@@ -124,7 +124,7 @@ def test_a_member_gets_the_same_bits_whatever_plan_updates_it(steps):
     m = 5
     params = {"w": torch.randn(m, 7, 3, generator=gen), "b": torch.randn(m, 7, generator=gen)}
     grads_seq = [{k: torch.randn(v.shape, generator=gen) for k, v in params.items()}] * steps
-    hyper = optim.Hyper(
+    hyper = stacked_optim.Hyper(
         torch.rand(m, generator=gen) * 0.1,
         torch.tensor([0.0, 1e-3, 0.1, 0.0, 1e-2]),
         torch.tensor([False, False, True, True, True]),
@@ -150,14 +150,14 @@ def test_unordered_members_equal_ordered_ones():
     params = {"w": torch.randn(4, 6, generator=gen)}
     grads = {"w": torch.randn(4, 6, generator=gen)}
     is_adam = torch.tensor([True, False, True, False])
-    hyper = optim.Hyper(torch.full((4,), 0.05), torch.full((4,), 1e-3), is_adam)
+    hyper = stacked_optim.Hyper(torch.full((4,), 0.05), torch.full((4,), 1e-3), is_adam)
     assert hyper.n_sgd is None
     order = torch.argsort(is_adam.to(torch.int8), stable=True)
     a = {"w": params["w"].clone()}
     b = {"w": params["w"][order].clone()}
-    state_a, state_b = optim.init_state(a), optim.init_state(b)
+    state_a, state_b = stacked_optim.init_state(a), stacked_optim.init_state(b)
     for _ in range(2):
-        optim.step(a, grads, state_a, hyper)
-        optim.step(b, {"w": grads["w"][order]}, state_b, hyper.select(order))
+        stacked_optim.step(a, grads, state_a, hyper)
+        stacked_optim.step(b, {"w": grads["w"][order]}, state_b, hyper.select(order))
     assert torch.equal(a["w"][order], b["w"])
     assert float(state_a["step"]) == 2.0

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F
 
-from wsym.zoo import optim
+from wsym.zoo import stacked_optim
 from wsym.zoo.architectures import initialise
 from wsym.zoo.backends import plan_member
 from wsym.zoo.batched import train_members
@@ -93,7 +93,7 @@ def reference_member(preset, data, member):
         opt = torch.optim.SGD(
             model.parameters(),
             lr=hp["lr"],
-            momentum=optim.MOMENTUM,
+            momentum=stacked_optim.MOMENTUM,
             weight_decay=hp["weight_decay"],
         )
     steps = 0
@@ -157,19 +157,19 @@ def test_optimizer_step_equals_torch_optim(lr, wd, adam, steps, seed):
     p0 = torch.randn(3, 5, generator=gen, dtype=torch.float64)
     grads = [torch.randn(3, 5, generator=gen, dtype=torch.float64) for _ in range(steps)]
     params = {"w": p0[None].clone()}
-    state = optim.init_state(params)
+    state = stacked_optim.init_state(params)
     f64 = torch.float64
-    hyper = optim.Hyper(
+    hyper = stacked_optim.Hyper(
         torch.tensor([lr], dtype=f64), torch.tensor([wd], dtype=f64), torch.tensor([adam])
     )
     ref = p0.clone().requires_grad_(True)
     opt = (
         torch.optim.Adam([ref], lr=lr, weight_decay=wd)
         if adam
-        else torch.optim.SGD([ref], lr=lr, momentum=optim.MOMENTUM, weight_decay=wd)
+        else torch.optim.SGD([ref], lr=lr, momentum=stacked_optim.MOMENTUM, weight_decay=wd)
     )
     for g in grads:
-        optim.step(params, {"w": g[None]}, state, hyper)
+        stacked_optim.step(params, {"w": g[None]}, state, hyper)
         ref.grad = g.clone()
         opt.step()
     torch.testing.assert_close(params["w"][0], ref.detach(), rtol=1e-10, atol=1e-12)

@@ -1,14 +1,14 @@
 """wsym: symmetry-aware weight-space toolkit for PyTorch."""
 
-from wsym.act import GroupElement
-from wsym.align import align
-from wsym.canon import canonicalize
-from wsym.connectivity import Curve, interpolate
+from wsym.align.alignment import align
+from wsym.align.canonicalize import canonicalize
+from wsym.align.interpolate import Curve, interpolate
+from wsym.align.merge import merge
 from wsym.detect import detect
-from wsym.merge import merge
+from wsym.group.elements import GroupElement
+from wsym.group.spec import Group, SymmetrySpec
+from wsym.optim.teleport import teleport
 from wsym.sharpness import sharpness
-from wsym.spec import Group, SymmetrySpec
-from wsym.teleport import teleport
 
 __version__ = "0.1.0"
 

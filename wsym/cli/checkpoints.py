@@ -127,7 +127,7 @@ def _add_method(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_continuous(parser: argparse.ArgumentParser) -> None:
-    from wsym.align import CONTINUOUS
+    from wsym.align.alignment import CONTINUOUS
 
     parser.add_argument(
         "--continuous",
@@ -339,7 +339,7 @@ def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
     The statistics come from the model in its own dtype; the weights keep the
     merge's precision.
     """
-    from wsym.merge import reset_batchnorm_stats
+    from wsym.align.merge import reset_batchnorm_stats
 
     fresh = reset_batchnorm_stats(model, merged, data)
     buffers = {name for name, _ in model.named_buffers()}

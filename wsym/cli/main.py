@@ -205,8 +205,8 @@ def detect_spec(
     import torch
 
     import wsym
-    from wsym.factory import build_model, example_inputs, parse_config, parse_input_shape
     from wsym.io import check_compatible, load_state_dict
+    from wsym.models.registry import build_model, example_inputs, parse_config, parse_input_shape
 
     config = parse_config(config_text)
     shape = parse_input_shape(input_shape)
@@ -220,9 +220,9 @@ def detect_spec(
     inputs = example_inputs(model_spec, shape, model=model, config=config, seed=seed)
     spec = wsym.detect(model, inputs)
     if graph_path is not None:
-        import wsym.graph
+        from wsym.detect.tracing import write_graph
 
-        wsym.graph.write_graph(spec.graph, graph_path)
+        write_graph(spec.graph, graph_path)
     return spec
 
 

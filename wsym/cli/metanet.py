@@ -18,7 +18,7 @@ from typing import Any
 
 from wsym.cli.common import EXIT_OK, add_command
 from wsym.errors import WsymInputError
-from wsym.resources import MODELS
+from wsym.io.resources import MODELS
 
 #: The shipped meta-network ``wsym predict`` uses without ``--metanet``.
 DEFAULT_METANET = MODELS / "metanet-mnist1d-mlp.safetensors"
@@ -219,8 +219,8 @@ def run_predict(args: argparse.Namespace) -> int:
     predictor = load(path)
     sd = load_state_dict(args.checkpoint)
     if args.model:
-        from wsym.factory import build_model, parse_config
         from wsym.io.checkpoint import check_compatible
+        from wsym.models.registry import build_model, parse_config
 
         model = build_model(args.model, parse_config(args.config))
         check_compatible(model.state_dict(), sd, args.checkpoint)

@@ -61,7 +61,7 @@ def add_data_options(
     parser: argparse.ArgumentParser, split: str, used_for: str, required: bool = False
 ) -> None:
     """Add ``--data``, ``--split`` (default ``split``) and ``--batch-size``."""
-    from wsym.data import NAMES, SPLITS
+    from wsym.io.datasets import NAMES, SPLITS
 
     parser.add_argument(
         "--data",
@@ -99,10 +99,10 @@ def prepare(
         WsymInputError: Any problem with the options, the files or the data.
     """
     import wsym
-    from wsym.data import load as load_data
-    from wsym.factory import build_model, example_inputs, parse_config, parse_input_shape
     from wsym.io import load_state_dict
     from wsym.io.checkpoint import check_compatible, check_finite
+    from wsym.io.datasets import load as load_data
+    from wsym.models.registry import build_model, example_inputs, parse_config, parse_input_shape
 
     config = parse_config(args.config)
     shape = parse_input_shape(args.input) if args.input else None
@@ -182,7 +182,7 @@ def check_data_fits(
     model: torch.nn.Module, data: Any, model_spec: str, *, loss: bool = False
 ) -> None:
     """Run the model on a few test examples (and cross-entropy on its outputs)."""
-    from wsym.graph.trace import eval_mode, model_inputs
+    from wsym.models.calling import eval_mode, model_inputs
 
     inputs, targets = next(data.batches("test", DATA_EXAMPLES))
     try:

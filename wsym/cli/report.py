@@ -15,7 +15,7 @@ from typing import Any
 
 from wsym.cli.common import EXIT_ERROR, EXIT_OK, add_command
 from wsym.errors import WsymInputError
-from wsym.resources import ZOOS
+from wsym.io.resources import ZOOS
 
 #: The zoo the main job runs on when ``--zoo`` is not given (shipped in ``data/``).
 DEFAULT_ZOO = ZOOS / "mnist1d-mlp"

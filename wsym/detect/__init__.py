@@ -9,12 +9,12 @@ import torch
 
 from wsym.detect.analyze import analyze, live_nodes
 from wsym.detect.solve import solve
+from wsym.detect.tracing.export import trace
+from wsym.detect.tracing.networkx import to_networkx
+from wsym.detect.tracing.traced import Traced
 from wsym.errors import SymmetryWarning, WsymInputError, check_finite
-from wsym.graph.networkx import to_networkx
-from wsym.graph.trace import trace
-from wsym.graph.trace_types import Traced
-from wsym.spec import SymmetrySpec
-from wsym.verify import float64_probe, screen, tied_keys
+from wsym.group.spec import SymmetrySpec
+from wsym.group.verify import float64_probe, screen, tied_keys
 
 
 def spec_or_detect(spec: SymmetrySpec | None, model, example_inputs, who: str) -> SymmetrySpec:
@@ -56,7 +56,7 @@ def detect(
         seed: seed of the random inputs and group elements used to verify.
 
     Returns:
-        The :class:`~wsym.spec.SymmetrySpec`.
+        The :class:`~wsym.group.spec.SymmetrySpec`.
 
     Raises:
         WsymInputError: NaN or Inf weights (naming the tensor), inputs the model

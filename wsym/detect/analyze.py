@@ -10,7 +10,7 @@ from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context
 from wsym.detect.rules import MASKS, RULES
 from wsym.detect.rules.rotary import find_rotary, parameter_free, rotary
-from wsym.graph.trace import Traced
+from wsym.detect.tracing.export import Traced
 
 MAX_PASSES = 4
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from wsym.detect.context import Context, Dep
 from wsym.detect.explain import notes
 from wsym.detect.nullspace import nullspace, row_basis
-from wsym.graph.trace import Traced
-from wsym.spec import Group, Leaf, Split, SymmetrySpec
+from wsym.detect.tracing.export import Traced
+from wsym.group.spec import Group, Leaf, Split, SymmetrySpec
 
 
 @dataclass

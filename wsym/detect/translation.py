@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from wsym.act import translation_size
 from wsym.detect.analyze import rule_name
 from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
-from wsym.spec import Group, Leaf
+from wsym.group.kinds.translation import translation_size
+from wsym.group.spec import Group, Leaf
 
 PASS_THROUGH = {
     "aten::view",
@@ -97,7 +97,7 @@ def _source_linear(node, allowed):
 
 
 def _bias_leaves(layouts, key) -> list[Leaf]:
-    from wsym.spec import leaves
+    from wsym.group.spec import leaves
 
     dims = dict(layouts)[key]
     return [leaf for t in dims for leaf in leaves(t)]

@@ -33,7 +33,7 @@ only the keys present in ``y``.
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> model = MLP(3, [4], 2).double()
     >>> spec = wsym.detect(model, torch.randn(2, 3, dtype=torch.float64))
     >>> sd = model.state_dict()

@@ -24,7 +24,7 @@ Shapes:
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> model = MLP(4, [3], 2, "identity").double()
     >>> spec = wsym.detect(model, torch.randn(2, 4, dtype=torch.float64))
     >>> sd = model.state_dict()

@@ -136,7 +136,7 @@ class SymmetrySpec:
         aliases: ``(alias, param)`` pairs for tied parameters.
         buffers: state-dict keys that are buffers (running statistics), not parameters.
         sites: ``(class, node, dim)``: a traced activation whose axis ``dim`` is the class
-            (for activation matching; node names of :func:`wsym.graph.trace`).
+            (for activation matching; node names of :func:`wsym.detect.tracing.export`).
         deviations: verified largest relative output change, per group.
         warnings: operations that blocked symmetries, candidates dropped.
         notes: ``(param, dim, text)``: why a kind of group is absent from that axis
@@ -223,7 +223,7 @@ class SymmetrySpec:
 
     def verify(self, model, example_inputs, **kwargs):
         """Per-group largest relative output deviation under random elements."""
-        from wsym.verify import verify
+        from wsym.group.verify import verify
 
         return verify(self, model, example_inputs, **kwargs)
 

@@ -3,7 +3,7 @@
 * ``path.safetensors`` / ``path.pt`` / ``path.npz``: tensors ``x_train``, ``y_train`` and
   optionally ``x_test``, ``y_test`` (or ``inputs``, ``targets``: one set, used for both
   splits). ``.pt`` files load with ``weights_only=True``, ``.npz`` without pickles.
-* ``module:function`` or ``file.py:function``: returns a :class:`wsym.data.Dataset`,
+* ``module:function`` or ``file.py:function``: returns a :class:`wsym.io.datasets.Dataset`,
   a tuple ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``, or a dict
   with the keys above.
 
@@ -31,11 +31,11 @@ def is_user_data(name: str) -> bool:
 
 
 def load_user_data(name: str):
-    """The :class:`wsym.data.Dataset` in the file or from the function ``name``."""
+    """The :class:`wsym.io.datasets.Dataset` in the file or from the function ``name``."""
     if name.lower().endswith(SUFFIXES):
         tensors: Any = _read_file(Path(name))
     else:
-        from wsym.factory import import_callable
+        from wsym.models.registry import import_callable
 
         fn = import_callable(name, "a function returning the data")
         try:
@@ -65,7 +65,7 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _dataset(tensors: Any, name: str):
-    from wsym.data import Dataset
+    from wsym.io.datasets import Dataset
 
     if isinstance(tensors, Dataset):
         return tensors

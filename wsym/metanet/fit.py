@@ -139,7 +139,7 @@ def fit(
 
     Example:
         >>> import torch
-        >>> from wsym.reference import MLP
+        >>> from wsym.models.networks import MLP
         >>> sds = [MLP(3, [4], 2).state_dict() for _ in range(8)]
         >>> y = torch.tensor([float(sd["0.weight"].norm()) for sd in sds])
         >>> p = fit(lambda: MLP(3, [4], 2), sds, y, example_inputs=torch.randn(2, 3), epochs=2)

@@ -1,6 +1,6 @@
 """Weights as graphs: the nodes are units, the edges carry weights, all read off the spec.
 
-A :class:`GraphSchema` is derived from a :class:`~wsym.spec.SymmetrySpec` alone
+A :class:`GraphSchema` is derived from a :class:`~wsym.group.spec.SymmetrySpec` alone
 (no weights). Every entry of a parameter axis is a tuple of atoms
 ``((class, index), ...)`` (one per factor of a product axis); distinct tuples are
 the *nodes* -- hidden neurons, conv channels, (head, feature) pairs, input and
@@ -34,7 +34,7 @@ Shapes (one graph, ``N`` nodes, ``E`` edges, ``A`` node attributes):
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> mlp = MLP(4, [5], 3)
     >>> schema = GraphSchema.from_spec(wsym.detect(mlp, torch.randn(2, 4)))
     >>> data = schema.graph(mlp.state_dict())

@@ -11,7 +11,7 @@ permutation.
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> mlp = MLP(3, [4], 2)
     >>> spec = wsym.detect(mlp, torch.randn(2, 3))
     >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from wsym.canon import canonical_element
+from wsym.align.canonicalize import canonical_element
 from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
 

@@ -9,7 +9,7 @@ interface as a :mod:`wsym.zoo` zoo (``table``, ``split``, ``state_dicts``,
 (``table.json`` and one ``.safetensors`` per member).
 
 Example:
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> pop = train_population(lambda: MLP(64, [8], 10), "digits", 3, epochs=(1, 2), flatten=True)
     >>> [sorted(r)[:3] for r in pop.table][0], len(pop.state_dicts())
     (['batch_size', 'epochs', 'gap'], 3)
@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from wsym.data import Dataset, load
 from wsym.errors import WsymInputError
 from wsym.io.checkpoint import load_state_dict, save_state_dict
-from wsym.train import train
+from wsym.io.datasets import Dataset, load
+from wsym.models.train import train
 
 SPLITS = ("train", "val", "test")
 

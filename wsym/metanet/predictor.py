@@ -66,7 +66,7 @@ class Predictor:
     """Predicts targets from state dicts of one architecture.
 
     Attributes:
-        spec: the architecture's :class:`~wsym.spec.SymmetrySpec`.
+        spec: the architecture's :class:`~wsym.group.spec.SymmetrySpec`.
         schema: its :class:`~wsym.metanet.graph.GraphSchema`.
         net: the :class:`~wsym.metanet.layers.WeightGraphNet`.
         config: hyperparameters, target names and scaling, training report.

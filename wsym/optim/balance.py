@@ -10,7 +10,7 @@ elementwise factor :math:`f`, got by acting :math:`s^\star` on a state of ones.
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> model = MLP(3, [4, 4], 2).double()
     >>> spec = wsym.detect(model, torch.randn(5, 3, dtype=torch.float64))
     >>> params = dict(model.named_parameters())
@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.act import act
+from wsym.group.elements import act
+from wsym.group.spec import SymmetrySpec
 from wsym.sharpness import gauge
-from wsym.spec import SymmetrySpec
 
 
 def balancing(

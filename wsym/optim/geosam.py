@@ -2,7 +2,7 @@ r"""Geodesic SAM: the SAM ascent taken on the quotient by the model's whole cont
 
 The perturbation is one normalized Riemannian-gradient step of geodesic sharpness
 (:mod:`wsym.sharpness`, da Silva et al. 2025) in the geometry of
-:class:`wsym.perturbation.Geodesic`: tangents horizontal to *every* continuous group of
+:class:`wsym.sharpness.perturbation.Geodesic`: tangents horizontal to *every* continuous group of
 the spec (scaling, norm_scaling without running statistics, gl, orthogonal,
 translation), the ``invariant`` or ``mixed`` metric and the second-order geodesic step
 on the GL, orthogonal and GL(1) blocks, the elementwise adaptive metric
@@ -35,7 +35,7 @@ on their entries is invariant to them anyway.
 
 A spec with no continuous group has no quotient: GeoSAM then warns once
 (:class:`~wsym.errors.SymmetryWarning`) and takes the adaptive perturbation
-(:class:`wsym.perturbation.Adaptive`, the metric :math:`\|\epsilon / |w|\|`, which is
+(:class:`wsym.sharpness.perturbation.Adaptive`, the metric :math:`\|\epsilon / |w|\|`, which is
 still equivariant to permutations and signs). The geometry is computed in float64.
 
 The spec is detected with :func:`wsym.detect` from ``example_inputs`` when not given
@@ -43,7 +43,7 @@ The spec is detected with :func:`wsym.detect` from ``example_inputs`` when not g
 
 Example:
     >>> import torch
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> _ = torch.manual_seed(0)
     >>> model, x = MLP(4, [8], 3), torch.randn(16, 4)
     >>> opt = GeoSAM(model, rho=0.05, lr=0.1, example_inputs=x)
@@ -69,10 +69,10 @@ from torch import Tensor, nn
 from wsym.detect import spec_or_detect
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.group.kinds import kind_of
+from wsym.group.spec import SymmetrySpec
 from wsym.optim.balance import balancing
 from wsym.optim.base import SharpnessAware
 from wsym.sharpness.perturbation import Adaptive, Geodesic, Perturbation
-from wsym.spec import SymmetrySpec
 
 GEO_METRICS = ("invariant", "mixed")
 

@@ -40,7 +40,7 @@ more positional tensors and returns one tensor of outputs.
 
 Example:
     >>> import torch
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> _ = torch.manual_seed(0)
     >>> model, x, y = MLP(4, [8], 3), torch.randn(32, 4), torch.randint(0, 3, (32,))
     >>> opt = LLQRSAM(model, rho=0.05, lr=0.1, refresh=10, preconditioner="kfac")

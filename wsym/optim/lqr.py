@@ -15,7 +15,7 @@ gradient with respect to :math:`v = Ug` is :math:`(J^\top H J + \lambda) v - g`,
 vector-Jacobian product, so the structured :math:`U` is learned by autograd through
 :math:`v = U g` only. Over all :math:`U` the minimum is at :math:`U g = C^{-1} g` with
 :math:`C = J^\top H J + \lambda I`, value :math:`-\tfrac12 g^\top C^{-1} g`
-(:func:`wsym.optim.reference.dense_curvature` builds :math:`C` for the float64 reference).
+(:func:`wsym.testing.oracles.optim.dense_curvature` builds :math:`C` for the float64 reference).
 
 The gradients :math:`g` are those of ``chunks`` equal parts of the batch, each of the
 per-row loss terms (:math:`g_c = J^\top (\partial L / \partial z)_c`, from the loss's output
@@ -53,9 +53,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
 
-from wsym.curvature.objective import call
 from wsym.errors import WsymInputError
 from wsym.optim.structures import Structure
+from wsym.sharpness.curvature.objective import call
 
 Params = dict[str, Tensor]
 LOSSES = ("cross_entropy", "mse")

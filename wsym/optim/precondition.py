@@ -6,7 +6,7 @@ the default of :class:`~wsym.optim.LLQR` and :class:`~wsym.optim.LLQRSAM`). The
 classes here *estimate* it instead, as wsym did before: :math:`U` is the damped
 inverse of a structured approximation of the Fisher (equal to the GGN for
 cross-entropy), with labels sampled from the model (the true Fisher, not the
-empirical one; :mod:`wsym.curvature`):
+empirical one; :mod:`wsym.sharpness.curvature`):
 
 * :class:`DiagonalFisher`: :math:`U = (\hat F + \delta)^{-1}` with the diagonal Fisher;
 * :class:`KroneckerFisher`: per ``nn.Linear``, :math:`U = (A \otimes G + \delta I)^{-1}`
@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from wsym.curvature.fisher import diagonal_fisher
-from wsym.curvature.kfac import kfac_factors
 from wsym.errors import WsymInputError
+from wsym.sharpness.curvature.fisher import diagonal_fisher
+from wsym.sharpness.curvature.kfac import kfac_factors
 
 Params = dict[str, Tensor]
 NORMALIZE = ("curvature", "trace", None)

@@ -37,7 +37,7 @@ Other state entries (the step counter, entries of other optimizers) are left as 
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> _ = torch.manual_seed(0)
     >>> model, x = MLP(3, [4], 2).double(), torch.randn(8, 3, dtype=torch.float64)
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -58,9 +58,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from wsym.act import GroupElement, act
 from wsym.errors import WsymInputError
-from wsym.spec import SymmetrySpec
+from wsym.group.elements import GroupElement, act
+from wsym.group.spec import SymmetrySpec
 
 FIRST_MOMENTS = ("momentum_buffer", "exp_avg")
 SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "sum", "square_avg")

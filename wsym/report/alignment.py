@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from wsym.align import align
-from wsym.canon import canonicalize
-from wsym.connectivity import figure, interpolate
-from wsym.merge import merge
-from wsym.report.context import Context
+from wsym.align.alignment import align
+from wsym.align.canonicalize import canonicalize
+from wsym.align.interpolate import figure, interpolate
+from wsym.align.merge import merge
+from wsym.models.evaluate import evaluate
 from wsym.report.document import Document
-from wsym.train import evaluate
+from wsym.report.run import ReportRun
 
 
-def pick_pair(ctx: Context) -> tuple[int, int]:
+def pick_pair(ctx: ReportRun) -> tuple[int, int]:
     """The two members with the best test accuracy (ties by id)."""
     ranked = sorted(ctx.zoo.table, key=lambda r: (-float(r["test_acc"]), int(r["id"])))
     return int(ranked[0]["id"]), int(ranked[1]["id"])
 
 
-def section(ctx: Context, doc: Document) -> dict:
+def section(ctx: ReportRun, doc: Document) -> dict:
     """Canonicalize, align (weights, activations), merge; interpolation barriers."""
     a, b = pick_pair(ctx)
     sd_a, sd_b = ctx.zoo.state_dict(a), ctx.zoo.state_dict(b)
@@ -78,5 +78,5 @@ def _average(sd_a: dict, sd_b: dict) -> dict:
     return {k: (v + sd_b[k]) / 2 if v.is_floating_point() else v for k, v in sd_a.items()}
 
 
-def _accuracy(ctx: Context, member: int, state_dict: dict, batches) -> float:
+def _accuracy(ctx: ReportRun, member: int, state_dict: dict, batches) -> float:
     return evaluate(ctx.model(member, state_dict), batches, ctx.loss_fn)[1]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wsym.report.context import Context
+from wsym.io.resources import ZOOS
 from wsym.report.document import Document
-from wsym.resources import ZOOS
+from wsym.report.run import ReportRun
 
 #: The shipped fine-tune zoo the section measures.
 FINETUNE_ZOO = ZOOS / "vit-finetune"
@@ -24,7 +24,7 @@ RADII = {"adaptive": 0.1, "geodesic-inv": 0.05, "geodesic-mix": 0.05, "euclidean
 MEMBERS, QUICK_MEMBERS, PROBES = 40, 3, 10
 
 
-def section(ctx: Context, doc: Document, path: str | Path | None = None) -> dict:
+def section(ctx: ReportRun, doc: Document, path: str | Path | None = None) -> dict:
     """Tau with the gap per measure, before and after the scramble, on the fine-tune zoo."""
     import wsym.zoo
     from wsym.detect import detect
@@ -44,7 +44,10 @@ def section(ctx: Context, doc: Document, path: str | Path | None = None) -> dict
     batches = training_subset(zoo)
     spec = detect(zoo_member(zoo, ids[0]).float(), batches[0][0][:8])
     with ctx.bar(len(ids), "fine-tune zoo: sharpness, scrambled") as bar:
-        rows = measure_zoo(zoo, ids, batches, spec, RADII, probes=PROBES, progress=bar.update)
+        probes = 2 if ctx.quick else PROBES
+        rows = measure_zoo(
+            zoo, ids, batches, spec, RADII, ctx.steps, probes=probes, progress=bar.update
+        )
     gaps = [r["gap"] for r in rows]
     measures = [*RADII, "hessian-trace"]
     taus, table = {}, []
@@ -61,7 +64,8 @@ def section(ctx: Context, doc: Document, path: str | Path | None = None) -> dict
     doc.paragraph(
         f"{len(ids)} of the {len(zoo)} members of {path.name} (fine-tuned from one pretrained "
         "pre-LN patch transformer); worst-case sharpness on the first 256 downstream training "
-        f"examples at the radii {RADII}, Hessian trace with {PROBES} probes. Every member is "
+        f"examples at the radii {RADII} ({ctx.steps} ascent steps), Hessian trace with {probes} "
+        "probes. Every member is "
         "then moved by spec.sample(seed=member, scale=(1e-2, 1e2)), which leaves its function "
         f"unchanged (largest logit change {max(r['drift'] for r in rows):.1e}), and measured "
         "again. Paper (ViT): adaptive / geodesic-inv / geodesic-mix tau -0.41 / -0.71 / -0.70."

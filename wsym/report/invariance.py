@@ -7,9 +7,9 @@ import math
 import torch
 
 from wsym.group.kinds import kind_of
-from wsym.report.context import Context
 from wsym.report.document import Document
 from wsym.report.measures import AVERAGE, RHO, measure, relative_difference
+from wsym.report.run import ReportRun
 
 WHOLE = (
     "the whole group: scaling, norm_scaling, gl, orthogonal, translation "
@@ -28,7 +28,7 @@ MEASURES = {
 }
 
 
-def section(ctx: Context, doc: Document, member: int) -> dict:
+def section(ctx: ReportRun, doc: Document, member: int) -> dict:
     """Each measure at a member and at ``g . member`` for random ``g``: the ratio."""
     import matplotlib.pyplot as plt
 
@@ -79,7 +79,7 @@ def section(ctx: Context, doc: Document, member: int) -> dict:
     }
 
 
-def _comparison(ctx: Context, gap: float) -> str:
+def _comparison(ctx: ReportRun, gap: float) -> str:
     """Geodesic against adaptive, with why they are close where only scalings are continuous."""
     kinds = sorted({g.kind for g in ctx.spec.groups if kind_of(g).continuous})
     text = (
@@ -96,5 +96,5 @@ def _comparison(ctx: Context, gap: float) -> str:
     return text
 
 
-def _value(ctx: Context, member: int, sd: dict, batches, name: str):
+def _value(ctx: ReportRun, member: int, sd: dict, batches, name: str):
     return measure(ctx, ctx.model(member, sd, dtype=torch.float64), batches, name)

@@ -9,14 +9,14 @@ are transported with the units.
 
 from __future__ import annotations
 
-from wsym.report.context import Context
+from wsym.report.run import ReportRun
 from wsym.sharpness import Estimate, sharpness
 
 AVERAGE = " (average)"
 RHO = 0.05
 
 
-def measure(ctx: Context, model, batches: list, name: str) -> Estimate:
+def measure(ctx: ReportRun, model, batches: list, name: str) -> Estimate:
     """Measure ``name`` of ``model`` (float64) on ``batches``: value and standard error."""
     average = name.endswith(AVERAGE)
     return sharpness(
@@ -28,6 +28,7 @@ def measure(ctx: Context, model, batches: list, name: str) -> Estimate:
         rho=RHO,
         average=average,
         seed=ctx.seed,
+        steps=ctx.steps,
         with_error=True,
     )
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import torch
 
 from wsym.errors import WsymInputError
-from wsym.report.context import Context
+from wsym.io.resources import MODELS
 from wsym.report.document import Document
-from wsym.resources import MODELS
+from wsym.report.run import ReportRun
 
 
-def section(ctx: Context, doc: Document, path: str | Path | None = None) -> dict:
+def section(ctx: ReportRun, doc: Document, path: str | Path | None = None) -> dict:
     """The shipped (or a freshly trained) meta-network and StatNN on the held-out members."""
     import matplotlib.pyplot as plt
 
@@ -58,7 +58,7 @@ def section(ctx: Context, doc: Document, path: str | Path | None = None) -> dict
     return {"origin": origin, "test_members": len(ids["test"]), "predictors": out}
 
 
-def _metanet(ctx: Context, path, sds: dict, ys: dict):
+def _metanet(ctx: ReportRun, path, sds: dict, ys: dict):
     """The meta-network at ``path`` (or the shipped one for this preset), else a fresh fit."""
     import wsym.metanet
 

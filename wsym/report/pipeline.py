@@ -11,8 +11,8 @@ from typing import Any
 from wsym.errors import SymmetryWarning
 from wsym.report import alignment, finetune, invariance, sharpness_gap, symmetries
 from wsym.report import metanet as metanet_section
-from wsym.report.context import Context
 from wsym.report.document import Document
+from wsym.report.run import ReportRun
 
 
 def report(
@@ -46,7 +46,7 @@ def report(
     start = time.perf_counter()
     first = int(zoo.table[0]["id"])
     spec = detect(zoo.model(first), zoo.example_inputs())
-    ctx = Context(zoo=zoo, spec=spec, seed=seed, quick=quick, progress=progress)
+    ctx = ReportRun(zoo=zoo, spec=spec, seed=seed, quick=quick, progress=progress)
     preset = zoo.manifest.get("preset", "zoo")
     doc = Document(f"wsym report: {preset} ({len(zoo.table)} members)")
     doc.paragraph(

@@ -7,14 +7,14 @@ import math
 import torch
 from scipy.stats import kendalltau
 
-from wsym.report.context import Context
 from wsym.report.document import Document
 from wsym.report.measures import RHO, measure, relative_difference
+from wsym.report.run import ReportRun
 
 MEASURES = ("euclidean", "adaptive", "geodesic-mix", "fisher", "hessian-trace", "lambda-max")
 
 
-def members(ctx: Context, limit: int) -> list[int]:
+def members(ctx: ReportRun, limit: int) -> list[int]:
     """Up to ``limit`` members of the zoo's test split (all members if it has fewer than 5)."""
     ids = list(ctx.zoo.split("test"))
     if len(ids) < 5:
@@ -22,7 +22,7 @@ def members(ctx: Context, limit: int) -> list[int]:
     return [int(i) for i in ids[:limit]]
 
 
-def section(ctx: Context, doc: Document) -> dict:
+def section(ctx: ReportRun, doc: Document) -> dict:
     """Kendall tau between each measure and the gap, with one scatter per measure."""
     import matplotlib.pyplot as plt
 

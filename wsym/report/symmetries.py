@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from wsym.report.context import Context
 from wsym.report.document import Document
+from wsym.report.run import ReportRun
 
 
-def section(ctx: Context, doc: Document) -> dict:
+def section(ctx: ReportRun, doc: Document) -> dict:
     """Table of the groups (kind, notation, dimension, verified deviation)."""
     import matplotlib.pyplot as plt
 

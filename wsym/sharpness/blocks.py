@@ -1,8 +1,8 @@
 """GL and GL(1) blocks of a SymmetrySpec: which groups are blocks, and their gather/scatter.
 
-A ``gl`` group gives one :class:`~wsym.geometry.Pair` ``(G, H)`` batched over its
+A ``gl`` group gives one :class:`~wsym.sharpness.geometry.Pair` ``(G, H)`` batched over its
 index axes (``G`` the stack of its parity-0 rows, ``H`` of its parity-1 rows,
-exactly as :func:`wsym.units.block_matrices`); a ``scaling`` group whose
+exactly as :func:`wsym.group.units.block_matrices`); a ``scaling`` group whose
 exponents are all +1 / -1 gives a ``GL(1)`` block per unit. :func:`block_groups`
 chooses the groups used as blocks (no overlaps), :func:`gather` reads their
 blocks from a parameter dict and :func:`scatter`, its adjoint and inverse,
@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.act import derived, transform
-from wsym.geometry import Pair
 from wsym.group import layout
 from wsym.group.kinds import kind_of
-from wsym.spec import Group, SymmetrySpec
-from wsym.units import class_params
+from wsym.group.layout import class_params, transform
+from wsym.group.memo import derived
+from wsym.group.spec import Group, SymmetrySpec
+from wsym.sharpness.geometry import Pair
 
 __all__ = [
     "block_groups",

@@ -35,15 +35,15 @@ import warnings
 import torch
 from torch import Tensor
 
-from wsym.act import GroupElement, act
-from wsym.canon import canonical_element
+from wsym.align.canonicalize import canonical_element
 from wsym.errors import SymmetryWarning
+from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.memo import derived
+from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.exponents import exponent_entries, exponent_matrix
 from wsym.sharpness.quotient import Quotient
 from wsym.sharpness.structure import components
-from wsym.spec import SymmetrySpec
 
 NEWTON_TOL = 1e-13
 MAX_NEWTON = 100
@@ -59,7 +59,7 @@ def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[s
 
     Example:
         >>> import torch, wsym
-        >>> from wsym.reference import TinyTransformer
+        >>> from wsym.models.networks import TinyTransformer
         >>> model = TinyTransformer(depth=1).double()
         >>> spec = wsym.detect(model, torch.randn(2, 10, 4, dtype=torch.float64))
         >>> sd = model.state_dict()

@@ -26,17 +26,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from wsym.geometry import (
+from wsym.group.spec import SymmetrySpec
+from wsym.sharpness.geometry import (
     Gram,
     Pair,
     geodesic_step_linearized,
     inner,
     riemannian_gradient,
 )
-from wsym.geometry.metrics import _elementwise_shift
+from wsym.sharpness.geometry.metrics import _elementwise_shift
 from wsym.sharpness.quotient import Quotient
 from wsym.sharpness.vertical import Horizontal
-from wsym.spec import SymmetrySpec
 
 EPS = 1e-14
 """GL Gram regularization (relative to the mean eigenvalue): finite on singular blocks."""
@@ -130,7 +130,7 @@ class Euclidean(Perturbation):
 class Adaptive(Perturbation):
     """Elementwise adaptive metric ``||xi / |w| ||_2`` (ASAM); ``mask`` zeroes covered entries.
 
-    The metric weights ``w^2 + s`` (:func:`wsym.geometry.adaptive_inner`) are computed
+    The metric weights ``w^2 + s`` (:func:`wsym.sharpness.geometry.adaptive_inner`) are computed
     once at the base point and the tangent is handled as one flat vector where that
     saves per-tensor work.
     """
@@ -308,7 +308,7 @@ class Geodesic(Adaptive):
     def linearize(self, xi):
         """``point(xi)`` and its pullback: masked on plain entries, a VJP per block.
 
-        The block VJP is :func:`wsym.geometry.geodesic_step_linearized` (closed form,
+        The block VJP is :func:`wsym.sharpness.geometry.geodesic_step_linearized` (closed form,
         sharing its products with the step) for the second-order step, autograd
         through :meth:`move` where a subclass replaces it.
         """

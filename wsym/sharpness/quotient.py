@@ -1,14 +1,14 @@
 """From a SymmetrySpec and a parameter dict to batched GL blocks, and back.
 
-The quotient geometry of :mod:`wsym.geometry` works on GL blocks ``(G, H)``,
+The quotient geometry of :mod:`wsym.sharpness.geometry` works on GL blocks ``(G, H)``,
 batched over heads. :func:`gather` reads them from a parameter dict, one
-:class:`~wsym.geometry.Pair` per ``gl`` group (``G`` the stack of the group's
+:class:`~wsym.sharpness.geometry.Pair` per ``gl`` group (``G`` the stack of the group's
 parity-0 rows, ``H`` of its parity-1 rows, exactly as
-:func:`wsym.units.block_matrices`) and one per ``scaling`` group used as a
+:func:`wsym.group.units.block_matrices`) and one per ``scaling`` group used as a
 ``GL(1)`` block (below); :func:`scatter` is its adjoint and inverse:
 it writes a pair of tangents ``(xi_G, xi_H)`` back into parameter-shaped
 tensors (zero outside the group's blocks). Both traverse the same leaf-level
-blocks (:func:`wsym.act.transform`) in the same order, so
+blocks (:func:`wsym.group.layout.transform`) in the same order, so
 ``scatter(gather(params))`` reproduces every covered entry exactly.
 
 Scaling groups as ``GL(1)`` blocks: a ``scaling`` group whose exponents are all
@@ -22,7 +22,7 @@ matrix), and if every entry it rescales is in its block; otherwise it stays
 elementwise.
 
 Coverage: entries outside every block are measured with the elementwise
-adaptive metric ``||xi / |w| ||`` (:func:`wsym.geometry.adaptive_inner`), which
+adaptive metric ``||xi / |w| ||`` (:func:`wsym.sharpness.geometry.adaptive_inner`), which
 is exactly invariant to scaling, sign and norm-scaling groups (elementwise
 rescalings) and to permutations, but not to orthogonal groups or translations.
 ``orthogonal`` groups are left elementwise too. A GL group whose entries overlap
@@ -35,7 +35,7 @@ Shapes:
 
 Example:
     >>> import torch, wsym
-    >>> from wsym.reference import MLP
+    >>> from wsym.models.networks import MLP
     >>> model = MLP(4, [3], 2, "identity").double()
     >>> spec = wsym.detect(model, torch.randn(2, 4, dtype=torch.float64))
     >>> params = dict(model.named_parameters())
@@ -49,10 +49,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.geometry import Pair
 from wsym.group.kinds import kind_of
+from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.blocks import block_groups, gather, gl_groups, scatter
-from wsym.spec import SymmetrySpec
+from wsym.sharpness.geometry import Pair
 
 __all__ = ["Quotient", "block_groups", "gather", "gl_groups", "scatter"]
 
@@ -61,9 +61,9 @@ class Quotient:
     """GL and GL(1) blocks of a parameter dict and the mask of the entries they cover.
 
     Blocks with the same leading dims and ``h`` are also held as one *stack*
-    (:attr:`stacks`: a :class:`~wsym.geometry.Pair` with one more leading dim, rows
+    (:attr:`stacks`: a :class:`~wsym.sharpness.geometry.Pair` with one more leading dim, rows
     zero-padded to the longest factor of the stack), so that the geometry runs once
-    per stack rather than once per block: every function of :mod:`wsym.geometry`
+    per stack rather than once per block: every function of :mod:`wsym.sharpness.geometry`
     treats leading dims as independent blocks, and zero rows (of the block and of
     every tangent built from gradients, metrics and Christoffel terms) stay zero and
     change no Gram matrix. Only a draw that mixes rows must be masked (:attr:`rows`).
@@ -83,7 +83,7 @@ class Quotient:
 
     Example:
         >>> import torch, wsym
-        >>> from wsym.reference import TinyTransformer
+        >>> from wsym.models.networks import TinyTransformer
         >>> model = TinyTransformer(depth=2).double()
         >>> spec = wsym.detect(model, torch.randn(2, 10, 4, dtype=torch.float64))
         >>> q = Quotient(spec, {n: p.detach() for n, p in model.named_parameters()})

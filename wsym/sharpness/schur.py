@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.geometry import Gram
+from wsym.sharpness.geometry import Gram
 
 SHIFT = 1e-13
 """Regularization of each Schur block, relative to its mean diagonal: finite when singular."""

@@ -40,9 +40,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.geometry import Gram
 from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.exponents import translation_directions
+from wsym.sharpness.geometry import Gram
 from wsym.sharpness.schur import schur
 from wsym.sharpness.structure import TangentLayout, structure
 
@@ -54,7 +54,7 @@ Coefficients = list[Tensor]
 
 
 class Horizontal:
-    """Horizontal projection of a :class:`~wsym.perturbation.Geodesic`'s tangent vectors.
+    """Horizontal projection of a :class:`~wsym.sharpness.perturbation.Geodesic`'s tangent vectors.
 
     Works on the tangent layout flattened into one vector: every generator is a sparse
     matrix into it (scalings, translations) or a product with a block (GL, orthogonal,

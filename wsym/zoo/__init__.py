@@ -9,7 +9,7 @@ the members table, an architecture factory and the members' state dicts.
 * :mod:`wsym.zoo.mlp_trainer` -- its fast path: MLPs of every batch size in lock step;
 * :mod:`wsym.zoo.stacked_mlp` -- stacked MLPs with a hand-written backward;
 * :mod:`wsym.zoo.streams` -- each member's data, label noise, dropout masks and metrics;
-* :mod:`wsym.zoo.optim` -- SGD and Adam on stacked parameters;
+* :mod:`wsym.zoo.stacked_optim` -- SGD and Adam on stacked parameters;
 * :mod:`wsym.zoo.store` -- the directory format (manifest, CSV table, shards);
 * :mod:`wsym.zoo.backends` -- local, multi-process and Ray execution;
 * :mod:`wsym.zoo.build` -- planning, resuming and writing a build.

@@ -1,11 +1,11 @@
 """Architecture factories of zoo members: a config dict -> a fresh ``nn.Module``.
 
-``{"name": "mlp", "widths": [32, 32], ...}`` builds :class:`wsym.reference.MLP`
+``{"name": "mlp", "widths": [32, 32], ...}`` builds :class:`wsym.models.networks.MLP`
 with the remaining keys as keyword arguments; likewise ``cnn1d``
-(:class:`~wsym.reference.CNN1d`), ``residual_cnn``
-(:class:`~wsym.reference.ResidualCNN`, 2-D, with BatchNorm), ``transformer``
-(:class:`~wsym.reference.TinyTransformer`) and ``diagonal``
-(:class:`~wsym.reference.DiagonalLinear`). A member's stored state dict has
+(:class:`~wsym.models.networks.CNN1d`), ``residual_cnn``
+(:class:`~wsym.models.networks.ResidualCNN`, 2-D, with BatchNorm), ``transformer``
+(:class:`~wsym.models.networks.TinyTransformer`) and ``diagonal``
+(:class:`~wsym.models.networks.DiagonalLinear`). A member's stored state dict has
 exactly the keys of the module built here, so ``model.load_state_dict(sd)`` works.
 
 Example:
@@ -25,15 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from wsym import reference
 from wsym.errors import WsymInputError
+from wsym.models import networks
 
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
-    "mlp": reference.MLP,
-    "cnn1d": reference.CNN1d,
-    "residual_cnn": reference.ResidualCNN,
-    "transformer": reference.TinyTransformer,
-    "diagonal": reference.DiagonalLinear,
+    "mlp": networks.MLP,
+    "cnn1d": networks.CNN1d,
+    "residual_cnn": networks.ResidualCNN,
+    "transformer": networks.TinyTransformer,
+    "diagonal": networks.DiagonalLinear,
 }
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 

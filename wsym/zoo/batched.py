@@ -7,7 +7,7 @@ instead of one small step per member. Plain MLP classifiers run
 :mod:`wsym.zoo.mlp_trainer` (batched matmuls and a hand-written backward, no
 autograd, every batch size in one stack); other modules run under
 ``torch.func.vmap(functional_call(...))`` with autograd. The optimizer update
-is :mod:`wsym.zoo.optim`, per member (own learning rate, weight decay, SGD or
+is :mod:`wsym.zoo.stacked_optim`, per member (own learning rate, weight decay, SGD or
 Adam, only the rule the member uses).
 
 Each member draws everything from its own seeds (:func:`member_streams`):
@@ -53,9 +53,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from wsym.data import Dataset
 from wsym.errors import WsymInputError
-from wsym.zoo import finetune, optim, stacked_mlp
+from wsym.io.datasets import Dataset
+from wsym.zoo import finetune, stacked_mlp, stacked_optim
 from wsym.zoo.architectures import initialise
 from wsym.zoo.mlp_trainer import LockstepMLPTrainer
 from wsym.zoo.streams import (
@@ -181,8 +181,8 @@ class _GroupTrainer:
         flat = torch.cat([v.reshape(len(members), -1) for v in params.values()], 1)
         self.params = {"flat": flat}
         self.buffers = {k: v.clone() for k, v in buffers.items()}
-        self.opt_state = optim.init_state(self.params)
-        self.hyper = optim.Hyper(
+        self.opt_state = stacked_optim.init_state(self.params)
+        self.hyper = stacked_optim.Hyper(
             torch.tensor([float(h["lr"]) for h in hp]),
             torch.tensor([float(h["weight_decay"]) for h in hp]),
             torch.tensor([h["optimizer"] == "adam" for h in hp]),
@@ -249,7 +249,7 @@ class _GroupTrainer:
         grads = torch.autograd.grad(loss, list(params.values()))
         grad = torch.cat([g.reshape(len(g), -1) for g in grads], dim=1)
         hyper = self.schedule.hyper(self.hyper, self.rows, self.step)
-        optim.step(self.params, {"flat": grad}, self.opt_state, hyper)
+        stacked_optim.step(self.params, {"flat": grad}, self.opt_state, hyper)
 
     def _batched(self, params, buffers, x, masks) -> torch.Tensor:
         """Outputs ``(M, B, ...)`` of every member on its own inputs ``x`` ``(M, B, ...)``."""
@@ -273,7 +273,7 @@ class _GroupTrainer:
         self.rows = self.rows[keep]
         self.next_exit = int(self.total[self.rows].min()) if len(self.rows) else 0
         self.params = {k: v[keep] for k, v in self.params.items()}
-        self.opt_state = optim.select_state(self.opt_state, keep)
+        self.opt_state = stacked_optim.select_state(self.opt_state, keep)
         self.buffers = {k: v[keep] for k, v in self.buffers.items()}
         self.hyper = self.hyper.select(keep)
         self.targets = self.targets[keep]

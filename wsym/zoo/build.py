@@ -28,7 +28,7 @@ from filelock import FileLock, Timeout
 import wsym
 from wsym.errors import WsymInputError
 from wsym.io.atomic import write_atomic
-from wsym.progress import Progress
+from wsym.io.progress import Progress
 from wsym.zoo import finetune, store
 from wsym.zoo.backends import plan_member, run_units
 from wsym.zoo.presets import load_preset, member_seed

@@ -2,14 +2,14 @@
 
 The fast path of :func:`wsym.zoo.batched.train_members`. All ``M`` members of
 one plain MLP architecture (:func:`wsym.zoo.stacked_mlp.mlp_spec`) share one
-:class:`~wsym.zoo.optim.FlatStack` (parameters, gradients, optimizer state)
+:class:`~wsym.zoo.stacked_optim.FlatStack` (parameters, gradients, optimizer state)
 ordered by batch size, so the members of each batch size ``B`` are a
 contiguous block of rows of every layer. One training step is
 
 * per batch size ``B`` still training: the hand-written loss gradients of its
   block, ``(M_B, B, d)`` inputs -> gradients written into the block's rows
   (:func:`~wsym.zoo.stacked_mlp.loss_gradients`, a dozen batched kernels);
-* one optimizer update of every member (:class:`~wsym.zoo.optim.Plan`).
+* one optimizer update of every member (:class:`~wsym.zoo.stacked_optim.Plan`).
 
 Members of different batch sizes thus share the optimizer kernels and the
 steps: training takes as many steps as the longest member needs, instead of
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch.func import stack_module_state
 
-from wsym.data import Dataset
-from wsym.zoo import optim, stacked_mlp
+from wsym.io.datasets import Dataset
+from wsym.zoo import stacked_mlp, stacked_optim
 from wsym.zoo.architectures import initialise
 from wsym.zoo.streams import (
     BLOCK,
@@ -87,11 +87,11 @@ class LockstepMLPTrainer:
         self.keys = list(modules[0].state_dict())
         params, _ = stack_module_state(modules)
         packed = stacked_mlp.pack({k: v.detach() for k, v in params.items()}, spec)
-        self.stack = optim.FlatStack({f"layer{i}": a for i, a in enumerate(packed)})
+        self.stack = stacked_optim.FlatStack({f"layer{i}": a for i, a in enumerate(packed)})
         self.x_aug = stacked_mlp.with_ones(data.x_train)
         self.batch = torch.tensor([int(h["batch_size"]) for h in hp])
         self.dropped = torch.tensor([float(h["dropout"]) > 0 for h in hp])
-        self.hyper = optim.Hyper(
+        self.hyper = stacked_optim.Hyper(
             torch.tensor([float(h["lr"]) for h in hp]),
             torch.tensor([float(h["weight_decay"]) for h in hp]),
             torch.tensor([h["optimizer"] == "adam" for h in hp]),

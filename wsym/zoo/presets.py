@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from wsym.errors import WsymInputError
-from wsym.resources import PRESETS
+from wsym.io.resources import PRESETS
 
 #: Hyperparameters every preset samples (or fixes) for each member.
 REQUIRED = (

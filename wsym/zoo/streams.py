@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from wsym.data import Dataset
 from wsym.errors import WsymInputError
+from wsym.io.datasets import Dataset
 from wsym.zoo.presets import member_seed
 from wsym.zoo.tasks import IGNORE
 

@@ -1,12 +1,12 @@
-"""Datasets of zoo presets: :mod:`wsym.data`'s offline sets and a sparse regression.
+"""Datasets of zoo presets: :mod:`wsym.io.datasets`'s offline sets and a sparse regression.
 
 ``{"name": "mnist1d" | "mnist1d-seq" | "digits", "seed": s}`` loads
-:func:`wsym.data.load`. ``{"name": "sparse-regression", ...}`` draws the task of
+:func:`wsym.io.datasets.load`. ``{"name": "sparse-regression", ...}`` draws the task of
 diagonal linear networks: Gaussian inputs ``x ~ N(0, I_d)``, a ground truth
 ``w*`` with ``nonzero`` entries ``N(0, 1)`` (the rest zero), targets
 ``y = x^T w* + noise * N(0, 1)``; ``n_train`` training and ``n_test`` test
 examples. Its targets are float32 ``(N,)`` and it is returned as a
-:class:`wsym.data.Dataset` (whose ``num_classes`` is meaningless there).
+:class:`wsym.io.datasets.Dataset` (whose ``num_classes`` is meaningless there).
 
 ``{"name": "mnist1d-patches", ...}`` is mnist1d as ``length / patch`` patches
 of ``patch`` features, from a generator of any size and configuration: the
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from wsym import data as wdata
 from wsym.errors import WsymInputError
+from wsym.io import datasets as wdata
 
 NAMES = (*wdata.NAMES, "sparse-regression", "mnist1d-patches", "mnist1d-tokens")
 #: Target of positions a token-level loss ignores (``F.cross_entropy``'s default).

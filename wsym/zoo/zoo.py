@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from wsym.data import Dataset
 from wsym.errors import WsymInputError
+from wsym.io.datasets import Dataset
 from wsym.zoo import store
 from wsym.zoo.architectures import build_architecture
 from wsym.zoo.tasks import load_task

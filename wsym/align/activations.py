@@ -1,0 +1,73 @@
+"""Running a traced model at a given state dict and reading intermediate activations."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.utils.stateless import _reparametrize_module
+
+from wsym.detect.tracing.export import trace
+from wsym.errors import WsymInputError
+from wsym.models.calling import model_inputs
+
+
+class _Capture(torch.fx.Interpreter):
+    def __init__(self, gm, wanted: set[str]):
+        super().__init__(gm)
+        self.wanted, self.seen = wanted, {}
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n.name in self.wanted:
+            self.seen[n.name] = out
+        return out
+
+
+def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -> dict:
+    """``{(node, dim): (samples, units)}`` float64 activations over all ``batches``.
+
+    The model is traced on the first batch (batches of other shapes are skipped);
+    every other axis of a site counts as samples (batch, positions, and feature
+    axes of canonicalized blocks). The model itself is not modified.
+    """
+    batches = list(batches)
+    if not batches:
+        raise WsymInputError(
+            "no batches given for activation matching; pass a few (inputs, targets)"
+        )
+    traced = trace(model, batches[0][0])
+    if traced.program is None:
+        raise WsymInputError(
+            "activation matching needs a model torch.export can trace; use method='weights'"
+        )
+    gm = traced.program.module()  # shares the model's tensors: swap them in, never modify them
+    state = {
+        k: v.detach().to(torch.float64) if v.is_floating_point() else v
+        for k, v in state_dict.items()
+    }
+    wanted = {node for node, _ in sites}
+    out: dict = {site: [] for site in sites}
+    shape = _shapes(batches[0][0])
+    with torch.no_grad(), _reparametrize_module(gm, state, strict=False):
+        for inputs, _ in batches:
+            if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
+                continue
+            args, kwargs = model_inputs(model, inputs)
+            args = tuple(
+                a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+            )
+            interp = _Capture(gm, wanted)
+            interp.run(*args, *kwargs.values())
+            for node, d in sites:
+                x = interp.seen[node]
+                out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
+    return {site: torch.cat(v) for site, v in out.items()}
+
+
+def _shapes(inputs) -> list[tuple[int, ...]]:
+    if isinstance(inputs, dict):
+        leaves = list(inputs.values())
+    elif isinstance(inputs, tuple | list):
+        leaves = list(inputs)
+    else:
+        leaves = [inputs]
+    return [tuple(x.shape) for x in leaves if torch.is_tensor(x)]

@@ -1,0 +1,302 @@
+"""Alignment: move one checkpoint onto another's basis, modulo the detected symmetries.
+
+The default (``continuous="reference"``) minimizes the weight-matching
+objective ``sum_k ||g . other_k - ref_k||^2`` over the whole group, by rounds
+of block coordinate descent (derivations in ``docs/alignment.md``):
+
+* **permutations**, by **weights**: coordinate descent over all permutation
+  classes at once (Git Re-Basin's weight matching): each class solves a linear
+  assignment between the units' slices in every tensor the class touches,
+  signs and head rotations maximized inside the pairing score
+  (:mod:`wsym.align.matching`); or by **activations**: per class, the correlation of
+  its units' activations at every traced site over a few batches, solved by
+  linear assignment; classes without a site fall back to weight matching;
+* **continuous groups fitted to the reference** (:mod:`wsym.align.continuous`):
+  per-unit scales from the quartic's best root, orthogonal Procrustes, the GL
+  element per head on both factors, translations exactly.
+
+Both checkpoints have their sign conventions fixed first; raw scales are kept
+(matching independently balanced scales made the BatchNorm CNN worse), unless
+a checkpoint is far from balanced (``IMBALANCE``), where the canonical start
+is taken. ``continuous="canonical"`` is the previous method: both checkpoints
+canonicalized in every group but permutations, matched once, GL blocks
+rotated onto the reference's by Procrustes, and the result expressed in the
+reference's own basis.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from wsym.align.assignment import assignment
+from wsym.align.canonicalize import canonical_element
+from wsym.align.continuous import fit_continuous, mismatch
+from wsym.align.matching import procrustes, weight_matching
+from wsym.errors import WsymInputError
+from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of, kinds_where
+from wsym.group.spec import SymmetrySpec
+
+# Canonicalized before matching: every kind but the permutations. Sign conventions read off
+# two different networks need not agree unit by unit, so weight matching also matches signs
+# (signed units).
+NO_PERMUTATION = kinds_where(permutes=False)
+SIGNS = kinds_where(flips=True)
+# Balancing sweeps stop when a sweep moves less than this (canonical forms then agree to about
+# 1e-11 relative, far below what the matching scores resolve; 15-20% fewer sweeps than the
+# 1e-12 of wsym.canonicalize). Each checkpoint only moves inside its orbit, whatever the tol.
+CANON_TOL = 1e-10
+# Rounds of matching and continuous fits stop when a round lowers the objective by less than
+# this, relative (trained pairs of benchmarks/alignment.py: the first round takes >99% of the
+# drop, the second <0.5%, a third <1e-6).
+ROUND_TOL = 1e-4
+CONTINUOUS = ("reference", "canonical", "canonical+reference")
+# continuous="reference" matches raw weights where both checkpoints are near their balanced
+# point: every unit within this factor (log) of its balanced scale, every GL block's balancing
+# element within this square-rooted condition number. Trained pairs of benchmarks/alignment.py
+# stay within e^1.3; a copy moved by scales in 1e-2..1e2 is past e^4, where raw weight
+# matching pairs the wrong units and the canonical start is taken instead.
+IMBALANCE = math.log(10.0)
+
+
+def align(
+    sd_ref: dict,
+    sd_other: dict,
+    spec: SymmetrySpec,
+    method: str = "weights",
+    *,
+    continuous: str = "reference",
+    model: torch.nn.Module | None = None,
+    batches=None,
+    max_iter: int = 100,
+    seed: int = 0,
+) -> dict:
+    """``sd_other`` moved onto ``sd_ref``'s basis (same function as ``sd_other``).
+
+    Args:
+        sd_ref: the reference state dict (of the architecture ``spec`` describes).
+        sd_other: the state dict to move.
+        spec: the :class:`~wsym.group.spec.SymmetrySpec`.
+        method: ``"weights"`` or ``"activations"`` (needs ``model`` and ``batches``).
+        continuous: ``"reference"`` (default): from the raw weights (from the
+            canonical alignment where a checkpoint is far from balanced, see
+            ``IMBALANCE``), the
+            permutations matched and the continuous groups fitted to
+            ``sd_ref`` (:mod:`wsym.align.continuous`), alternately, until the
+            weight-matching objective stops dropping; ``"canonical"``: both
+            checkpoints canonicalized in their continuous groups, matched
+            once; ``"canonical+reference"``: the canonical alignment, then
+            refined as ``"reference"`` (robust to a checkpoint rescaled by
+            orders of magnitude, which raw matching is not).
+        model: the module (activation matching runs it at both state dicts).
+        batches: iterable of ``(inputs, targets)``; only the inputs are used.
+        max_iter: sweeps of weight matching.
+        seed: order of the classes in weight matching.
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> moved = spec.act(spec.sample(seed=4), sd)
+        >>> back = wsym.align(sd, moved, spec)
+        >>> max(float((back[k] - sd[k]).abs().max()) for k in sd) < 1e-9
+        True
+    """
+    check_same_architecture(spec, sd_ref, sd_other)
+    if method not in ("weights", "activations"):
+        raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
+    if continuous not in CONTINUOUS:
+        raise WsymInputError(
+            f"unknown continuous alignment {continuous!r}; use one of {', '.join(CONTINUOUS)}"
+        )
+    if method == "activations" and (model is None or batches is None):
+        raise WsymInputError(
+            "activation matching needs model= and batches=; or use method='weights'"
+        )
+    batches = list(batches) if batches is not None else None
+    options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
+    if (
+        continuous == "reference"
+        and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE
+    ):
+        continuous = "canonical+reference"
+    if continuous == "reference":
+        # Sign conventions first (an isometry: the objective is the same in either basis), so
+        # that copies differing by sign flips start matched; scales stay as they are.
+        ref, g_ref = canonical_element(sd_ref, spec, kinds=SIGNS)
+        other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
+        moved = reference_alignment(spec, ref, other, method, **options)
+        moved = act(spec, g_ref.inverse(), moved)
+    else:
+        moved = _canonical_alignment(spec, sd_ref, sd_other, method, **options)
+        if continuous == "canonical+reference":
+            moved = reference_alignment(spec, _float64(sd_ref), moved, method, **options)
+    return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
+
+
+def reference_alignment(
+    spec: SymmetrySpec,
+    ref: dict,
+    other: dict,
+    method: str = "weights",
+    *,
+    model=None,
+    batches=None,
+    max_iter: int = 100,
+    seed: int = 0,
+    rounds: int = 10,
+) -> dict:
+    """``other`` (float64) moved by permutation matching and continuous fits, alternately.
+
+    Each round matches the permutations (and signs, rotations) on the current
+    weights, then fits every continuous group to ``ref``
+    (:func:`wsym.align.continuous.fit_continuous`); every step lowers the
+    weight-matching objective or keeps it, and the rounds stop when a round
+    lowers it by less than ``ROUND_TOL`` relative. With ``method="activations"``
+    the permutations of classes with a traced site come from activations
+    first, and stay fixed.
+    """
+    fixed: set[int] = set()
+    current = other
+    if method == "activations":
+        perms, fixed = activation_matching(spec, model, ref, current, batches)
+        current = act(spec, GroupElement(tuple(perms)), current)
+    value = mismatch(spec, ref, current)
+    scale = mismatch(spec, ref, {k: torch.zeros_like(v) for k, v in ref.items()})
+    if value <= 1e-16 * scale:  # on the reference to 1e-8 (a recovered copy): nothing to fit
+        return current
+    for r in range(rounds):
+        start = value
+        perms = weight_matching(
+            spec, ref, current, max_iter=max_iter, seed=seed, fixed=fixed, warm=r > 0
+        )
+        current = act(spec, GroupElement(tuple(perms)), current)
+        current = act(spec, GroupElement(tuple(fit_continuous(spec, ref, current))), current)
+        value = mismatch(spec, ref, current)
+        if start - value <= ROUND_TOL * max(start, 1e-300):
+            break
+    return current
+
+
+def _canonical_alignment(
+    spec: SymmetrySpec, sd_ref: dict, sd_other: dict, method: str, **options
+) -> dict:
+    """Both canonicalized in the continuous groups, matched, expressed in ``sd_ref``'s basis."""
+    max_iter, seed = options["max_iter"], options["seed"]
+    ref, g_ref = canonical_element(sd_ref, spec, kinds=NO_PERMUTATION, tol=CANON_TOL)
+    other, _ = canonical_element(sd_other, spec, kinds=NO_PERMUTATION, tol=CANON_TOL)
+    if method == "weights":
+        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed)
+    else:
+        perms, matched = activation_matching(spec, options["model"], ref, other, options["batches"])
+        other = act(spec, GroupElement(tuple(perms)), other)
+        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, fixed=matched)
+    aligned = act(spec, GroupElement(tuple(perms)), other)
+    aligned = act(spec, GroupElement(tuple(procrustes(spec, ref, aligned))), aligned)
+    return act(spec, g_ref.inverse(), aligned)
+
+
+def imbalance(spec: SymmetrySpec, sd: dict) -> float:
+    """How far ``sd`` is from its balanced point: the largest ``|log s|`` of one balancing step.
+
+    Per scaling unit, ``|log s|`` of the scale that would balance it; per GL
+    block, half the log condition number of its balancing element.
+    """
+    from wsym.align.canonicalize import _continuous
+
+    sd = _float64(sd)
+    out = 0.0
+    for i, g in enumerate(spec.groups):
+        kind = kind_of(g)
+        if kind.diagonal and kind.continuous:
+            out = max(out, _continuous(spec, sd, i)[1])
+        elif kind.matrix and not kind.self_dual:
+            m, _ = _continuous(spec, sd, i)
+            out = max(out, 0.5 * float(torch.linalg.cond(m).log().max()))
+    return out
+
+
+def _float64(sd: dict) -> dict:
+    return {k: v.detach().double() if v.is_floating_point() else v for k, v in sd.items()}
+
+
+def check_same_architecture(spec: SymmetrySpec, *state_dicts: dict) -> None:
+    """One-line errors for state dicts that do not fit ``spec`` or hold NaNs."""
+    different = "checkpoints of different architectures?"
+    for key, dims in spec.layouts:
+        shape = tuple(t.size for t in dims)
+        for i, sd in enumerate(state_dicts):
+            if key not in sd:
+                raise WsymInputError(f"checkpoint {i + 1} has no tensor {key!r}: {different}")
+            if tuple(sd[key].shape) != shape:
+                got = tuple(sd[key].shape)
+                raise WsymInputError(
+                    f"{key} has shape {got} in checkpoint {i + 1}, not {shape}: {different}"
+                )
+            if sd[key].is_floating_point() and not torch.isfinite(sd[key]).all():
+                raise WsymInputError(f"{key} holds NaN or infinite values in checkpoint {i + 1}")
+
+
+def activation_matching(
+    spec: SymmetrySpec, model, ref: dict, other: dict, batches
+) -> tuple[list, set[int]]:
+    """Per class with traced sites, the permutation maximizing activation correlation.
+
+    A class's correlation is summed over all its sites (a residual stream has
+    one per block: each sum into it, each LayerNorm output). Sites that a sign
+    flip of the class negates (a LayerNorm's output, behind its gain) are left
+    out where the class has other sites, and otherwise paired on
+    ``|correlation|``; the flips themselves are matched afterwards, on the
+    weights. Returns the permutation components and the permutation groups
+    they settle (those with a site, moved or not).
+    """
+    from wsym.align.activations import site_activations
+
+    sites: dict[int, list] = {}
+    for c, node, d in spec.sites:
+        sites.setdefault(c, []).append((node, d))
+    groups = {i: g for i, g in enumerate(spec.groups) if kind_of(g).permutes and g.cls in sites}
+    if not groups:
+        return [], set()
+    wanted = {s for g in groups.values() for s in sites[g.cls]}
+    acts_ref = site_activations(model, ref, batches, wanted)
+    acts_other = site_activations(model, other, batches, wanted)
+    flipped = _sign_affected(spec, model, ref, batches, {g.cls for g in groups.values()}, acts_ref)
+    comps = []
+    for i, g in groups.items():
+        kept = [s for s in sites[g.cls] if s not in flipped] or sites[g.cls]
+        corr = 0
+        for s in kept:
+            a, b = acts_ref[s], acts_other[s]
+            c = _standardize(a).T @ _standardize(b) / a.shape[0]
+            corr = corr + (c.abs() if s in flipped else c)
+        perm = assignment(corr)
+        if (perm != torch.arange(len(perm))).any():
+            comps.append((i, perm))
+    return comps, set(groups)
+
+
+def _sign_affected(spec: SymmetrySpec, model, ref: dict, batches, classes, acts_ref) -> set:
+    """Sites whose activations change when every sign group of their class flips half its units."""
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if kind_of(g).flips and g.cls in classes:
+            comps.append((i, torch.where(torch.arange(g.size) % 2 == 0, -1.0, 1.0).double()))
+    if not comps:
+        return set()
+    from wsym.align.activations import site_activations
+
+    moved = site_activations(model, act(spec, GroupElement(tuple(comps)), ref), batches, acts_ref)
+    return {
+        s
+        for s, a in acts_ref.items()
+        if float((moved[s] - a).abs().max()) > 1e-9 * float(a.abs().max().clamp_min(1e-300))
+    }
+
+
+def _standardize(x: torch.Tensor) -> torch.Tensor:
+    x = x - x.mean(0)
+    return x / x.std(0).clamp_min(1e-12)

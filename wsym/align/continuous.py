@@ -1,0 +1,287 @@
+"""Continuous groups fitted to a reference: the orbit point of ``other`` closest to ``ref``.
+
+With the permutations fixed, each continuous group is moved, one at a time,
+to the element ``g`` that minimizes the weight-matching objective
+``D(g) = sum_k ||g . other_k - ref_k||^2`` (parameters only) with every other
+group held (block coordinate descent; each step lowers ``D`` or keeps it):
+
+* **scaling** (any exponents ``e``): per unit ``D(s) = sum_e A_e s^(2e) - 2 B_e s^e``
+  with ``A_e = sum w^2`` and ``B_e = sum w w_ref`` over the unit's entries of
+  exponent ``e``. Its stationary points are the positive roots of
+  ``s D'(s) / 2 = sum_e e (A_e s^(2e) - B_e s^e)`` times a power of ``s``, a
+  polynomial (for incoming ``e = 1`` and outgoing ``e = -1`` the quartic
+  ``A_1 s^4 - B_1 s^3 + B_-1 s - A_-1``); the best root, or ``s = 1``, is kept
+  (exact global minimum, found from the companion matrix's eigenvalues).
+* **norm_scaling**: the same on the weights feeding a BatchNorm; the factor
+  it also puts on the BatchNorm weight is not in the polynomial, so each unit
+  keeps the root only where the whole objective drops.
+* **orthogonal**: orthogonal Procrustes (exact).
+* **gl**: per index (head) ``min_M ||G M - G_ref||^2 + ||H M^-T - H_ref||^2``
+  over both factors (not convex: L-BFGS from ``M = I``, kept per head only
+  where it lowers the head's objective).
+* **translation**: ``c = ref - other`` on the entries it moves (its mean in
+  uniform mode), exact.
+
+Every step is a group element, so the function is unchanged; and a step that
+would raise ``D`` (round-off, a block holding a class twice) is dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of
+from wsym.group.kinds.translation import mask
+from wsym.group.layout import class_params
+from wsym.group.spec import SymmetrySpec
+from wsym.group.units import block_matrices, unit_matrix, unit_sums
+
+SWEEPS = 50
+TOL = 1e-10  # relative drop of D below which the sweeps stop
+
+
+def mismatch(spec: SymmetrySpec, ref: dict, other: dict) -> float:
+    """``sum ||other_k - ref_k||^2`` over the floating-point parameters (buffers left out).
+
+    Example:
+        >>> import torch, wsym
+        >>> net = torch.nn.Linear(2, 2)
+        >>> spec = wsym.detect(net, torch.randn(1, 2))
+        >>> sd = net.state_dict()
+        >>> mismatch(spec, sd, sd)
+        0.0
+    """
+    skip = set(spec.buffers)
+    return sum(
+        float((other[k].double() - ref[k].double()).pow(2).sum())
+        for k, _ in spec.layouts
+        if k not in skip and k in ref and ref[k].is_floating_point()
+    )
+
+
+def fit_continuous(
+    spec: SymmetrySpec, ref: dict, other: dict, *, sweeps: int = SWEEPS, tol: float = TOL
+) -> list[tuple[int, object]]:
+    """Components of the continuous element that moves ``other`` (float64) closest to ``ref``.
+
+    Args:
+        spec: the :class:`~wsym.group.spec.SymmetrySpec`.
+        ref: the reference state dict (float64).
+        other: the state dict to move (float64, its permutations already matched).
+        sweeps: passes over the continuous groups at most.
+        tol: stop when a pass lowers the objective by less than this, relative.
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> moved = spec.act(spec.sample(seed=1, kinds=["scaling"]), sd)
+        >>> back = act(spec, GroupElement(tuple(fit_continuous(spec, sd, moved))), moved)
+        >>> mismatch(spec, sd, back) < 1e-20 < mismatch(spec, sd, moved)
+        True
+    """
+    groups = [i for i, g in enumerate(spec.groups) if kind_of(g).continuous]
+    comps: list = []
+    current, value = other, mismatch(spec, ref, other)
+    for _ in range(sweeps):
+        start = value
+        for i in groups:
+            step = _fit(spec, i, ref, current)
+            if step is None:
+                continue
+            moved = act(spec, GroupElement(((i, step),)), current)
+            keys = [k for k in moved if moved[k] is not current.get(k)]
+            before, after = _partial(spec, ref, current, keys), _partial(spec, ref, moved, keys)
+            if after < before:
+                current, value = moved, value - before + after
+                comps.append((i, step))
+        if start - value <= tol * max(start, 1e-300):
+            break
+    return comps
+
+
+def _partial(spec: SymmetrySpec, ref: dict, sd: dict, keys) -> float:
+    """The terms of :func:`mismatch` on ``keys`` only (what one group's step changes)."""
+    return mismatch(spec, {k: ref[k] for k in keys if k in ref}, sd)
+
+
+def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
+    g = spec.groups[i]
+    kind = kind_of(g)
+    if kind.diagonal:
+        return _fit_scales(spec, i, ref, cur)
+    if kind.additive:
+        key, _, mode = g.target
+        diff = ref[key] - cur[key]
+        return diff.mean() if mode == "uniform" else diff * mask(spec, g)
+    if kind.self_dual:
+        from wsym.align.matching import procrustes
+
+        return dict(procrustes(spec, ref, cur)).get(i)
+    return _fit_gl(block_matrices(spec, cur, g), block_matrices(spec, ref, g))
+
+
+def _fit_scales(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
+    """Per unit, the best positive scale (global minimum of the 1-D objective)."""
+    g = spec.groups[i]
+    squares = unit_sums(spec, cur, g)
+    if not squares:
+        return None
+    inner = unit_sums(spec, cur, g, other=ref)
+    s = best_scales(squares, inner)
+    if g.corrections:  # the BatchNorm weight's factor is outside the polynomial: check per unit
+        moved = act(spec, GroupElement(((i, s),)), cur)
+        before, after = (
+            _unit_mismatch(spec, g.cls, ref, cur),
+            _unit_mismatch(spec, g.cls, ref, moved),
+        )
+        s = torch.where(after < before, s, torch.ones_like(s))
+    return s if float((s - 1).abs().max()) > 0 else None
+
+
+def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Per unit, ``argmin_{s > 0} sum_e A_e s^(2e) - 2 B_e s^e`` (``s = 1`` if nothing is lower).
+
+    Shapes:
+        ``squares``, ``inner``: ``{exponent: (n,)}`` (``A_e``, ``B_e``); returns ``(n,)``.
+
+    Example:
+        >>> a = {1: torch.tensor([4.0]).double(), -1: torch.tensor([1.0]).double()}
+        >>> b = {1: torch.tensor([4.0]).double(), -1: torch.tensor([1.0]).double()}
+        >>> best_scales(a, b).tolist()  # w = 2, w_ref = 2 (e = 1); w = 1, w_ref = 1 (e = -1)
+        [1.0]
+        >>> b = {1: torch.tensor([8.0]).double(), -1: torch.tensor([0.5]).double()}
+        >>> round(best_scales(a, b).item(), 12)  # w_ref = 4 = 2 s and 1/2 = 1/s: s = 2
+        2.0
+    """
+    exps = sorted(squares)
+    n = squares[exps[0]].shape[0]
+    low = min(min(2 * e, e) for e in exps)  # multiply by s^-low: every power >= 0
+    degree = max(max(2 * e, e) for e in exps) - low
+    coef = torch.zeros(n, degree + 1, dtype=torch.float64)
+    for e in exps:
+        coef[:, 2 * e - low] += e * squares[e]
+        coef[:, e - low] -= e * inner.get(e, torch.zeros(n, dtype=torch.float64))
+    lead = coef[:, -1]
+    ok = lead.abs() > 1e-300
+    roots = torch.ones(n, max(degree, 1), dtype=torch.float64)
+    if degree >= 1 and bool(ok.any()):
+        roots[ok] = _positive_real_roots(coef[ok] / lead[ok, None])
+
+    def objective(s):
+        return sum(
+            squares[e][:, None] * s.pow(2 * e)
+            - 2 * inner.get(e, torch.zeros(n, dtype=torch.float64))[:, None] * s.pow(e)
+            for e in exps
+        )
+
+    cand = torch.cat([torch.ones(n, 1, dtype=torch.float64), roots], dim=1)
+    best = objective(cand).argmin(1)
+    return cand.gather(1, best[:, None]).squeeze(1)
+
+
+def _positive_real_roots(monic: torch.Tensor) -> torch.Tensor:
+    """Per row, the roots of ``sum_k c_k s^k`` (``c_degree = 1``); non-real or non-positive -> 1."""
+    n, d = monic.shape[0], monic.shape[1] - 1
+    comp = torch.zeros(n, d, d, dtype=torch.float64)
+    if d > 1:
+        comp[:, 1:, :-1] = torch.eye(d - 1, dtype=torch.float64)
+    comp[:, :, -1] = -monic[:, :-1]
+    roots = torch.linalg.eigvals(comp)
+    real = roots.real
+    good = (roots.imag.abs() <= 1e-7 * roots.abs().clamp_min(1e-300)) & (real > 0)
+    good &= torch.isfinite(real)
+    return torch.where(good, real, torch.ones_like(real))
+
+
+def _unit_mismatch(spec: SymmetrySpec, cls: int, ref: dict, cur: dict) -> torch.Tensor:
+    """Per unit of class ``cls``, the squared distance of its entries (parameters only)."""
+    diff = {k: cur[k] - ref[k] for k in class_params(spec, cls)}
+    return unit_matrix(spec, diff, cls).pow(2).sum(1)
+
+
+def gl_objective(m, g, h, g_ref, h_ref) -> torch.Tensor:
+    """Per index, ``||G M - G_ref||^2 + ||H M^-T - H_ref||^2``.
+
+    Shapes:
+        ``m``: ``(*index, h, h)``; ``g``, ``g_ref``: ``(*index, rows, h)``; same for ``h``.
+    """
+    contra = torch.linalg.inv(m).transpose(-1, -2)
+    return (g @ m - g_ref).pow(2).sum((-1, -2)) + (h @ contra - h_ref).pow(2).sum((-1, -2))
+
+
+def _gl_start(g, h, g_ref, h_ref, eye) -> torch.Tensor:
+    """Per index, the best of ``I`` and the least-squares fits on one factor.
+
+    ``G M = G_ref`` alone gives ``M = G^+ G_ref``; ``H M^-T = H_ref`` alone
+    ``M = (H^+ H_ref)^-T``. The objective has stationary points that are not its
+    minimum (a gradient method from ``I`` can stay there); these starts jump.
+    """
+    cands = [eye]
+    for a, b, contra in ((g, g_ref, False), (h, h_ref, True)):
+        try:
+            m = torch.linalg.lstsq(a, b).solution
+            m = torch.linalg.inv(m).transpose(-1, -2) if contra else m
+        except torch.linalg.LinAlgError:
+            continue
+        if bool(torch.isfinite(m).all()):
+            cands.append(m)
+    stacked = torch.stack(cands)
+    values = torch.stack(
+        [_safe_objective(m, g, h, g_ref, h_ref) for m in cands]
+    )  # (candidates, *index)
+    best = values.argmin(0)
+    index = best.reshape(1, *best.shape, 1, 1).expand(1, *eye.shape)
+    return stacked.gather(0, index).squeeze(0)
+
+
+def _safe_objective(m, g, h, g_ref, h_ref) -> torch.Tensor:
+    """:func:`gl_objective`, infinite where ``M`` is singular or ill-conditioned."""
+    cond = torch.linalg.cond(m)
+    ok = torch.isfinite(cond) & (cond < 1e8)
+    safe = torch.where(ok[..., None, None], m, torch.eye(m.shape[-1], dtype=m.dtype))
+    value = gl_objective(safe, g, h, g_ref, h_ref)
+    return torch.where(ok, value, torch.full_like(value, float("inf")))
+
+
+def _fit_gl(mats: dict, mats_ref: dict, iters: int = 10):
+    """Per index, the GL element fitted on both factors (L-BFGS from the best start).
+
+    A few iterations per call: :func:`fit_continuous` calls it once per sweep,
+    each from where the last one stopped.
+    """
+    if 0 not in mats or 1 not in mats:
+        return None
+    g, h, g_ref, h_ref = mats[0], mats[1], mats_ref[0], mats_ref[1]
+    size = g.shape[-1]
+    eye = torch.eye(size, dtype=torch.float64).expand(*g.shape[:-2], size, size).clone()
+    start = _gl_start(g, h, g_ref, h_ref, eye)
+    x = (start - eye).clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([x], max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        try:
+            loss = gl_objective(eye + x, g, h, g_ref, h_ref).sum()
+        except torch.linalg.LinAlgError:
+            loss = torch.tensor(float("inf"), dtype=torch.float64)
+            return loss
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    m = (eye + x).detach()
+    if not bool(torch.isfinite(m).all()):
+        return None
+    try:
+        better = gl_objective(m, g, h, g_ref, h_ref) < gl_objective(eye, g, h, g_ref, h_ref)
+        cond = torch.linalg.cond(m)
+    except torch.linalg.LinAlgError:
+        return None
+    better &= cond < 1e8
+    if not bool(better.any()):
+        return None
+    return torch.where(better[..., None, None], m, eye)

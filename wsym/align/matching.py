@@ -1,0 +1,295 @@
+"""Weight matching: coordinate descent over permutation classes and GL/orthogonal rotations.
+
+Two checkpoints ``ref`` and ``other`` (both canonicalized in their continuous
+groups) are brought together by maximizing ``sum_k <ref_k, g . other_k>`` over
+the permutations, signs and rotations ``g`` that the spec detected
+(Git Re-Basin's weight matching, generalized). One coordinate is one
+permutation class, solved by a linear assignment over its units with every
+other coordinate held fixed; what else acts on the class is maximized *inside*
+the pairing score, so that the score of pairing unit ``i`` with unit ``j`` is
+the best over what is left free:
+
+* **signs**: each sign group ``s`` acting on the class negates a set of entries
+  ``odd_s``; pairing ``i`` with ``j`` scores
+  ``C[i, j] - sum_s C_s[i, j] + sum_s |C_s[i, j]|`` (``C_s`` the correlation of
+  the negated entries), and the matched unit takes the sign of ``C_s[i, j]``
+  for each group separately (a transformer's residual stream has one sign group
+  per LayerNorm);
+* **GL/orthogonal blocks** indexed by the class (a head's query/key and
+  value/output blocks): after balancing, what is left of ``GL(h)`` is ``O(h)``,
+  and the best rotation of head ``j``'s blocks onto head ``i``'s scores the
+  nuclear norm ``||X_j^T X_i||_*`` (orthogonal Procrustes) instead of the
+  frame-dependent ``tr(X_j^T X_i)``. Heads are thus matched on a GL-invariant
+  quantity.
+
+After every sweep over the classes the rotations themselves are solved
+(:func:`procrustes`), so that classes that read a rotated block (the residual
+stream reads every head's query, key and value rows) compare like with like.
+The sweeps stop when no class and no rotation moves.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from wsym.align.assignment import assignment
+from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of
+from wsym.group.spec import SymmetrySpec
+from wsym.group.units import block_classes, block_matrices, odd_rows, unit_matrix
+
+ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """What acts on permutation group ``group``'s class besides the permutation.
+
+    Attributes:
+        group: index of the permutation group.
+        signs: sign groups on the same class.
+        blocks: GL/orthogonal groups whose only index is the class (heads).
+        coupled: classes that share a parameter block with it (its cost depends on them).
+        fixed: the permutation is held (only the signs are matched).
+    """
+
+    group: int
+    signs: tuple[int, ...]
+    blocks: tuple[int, ...]
+    coupled: frozenset[int]
+    fixed: bool = False
+
+
+def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
+    """One :class:`ClassPlan` per permutation group (all, or those in ``groups``)."""
+    if groups is None:
+        groups = [i for i, g in enumerate(spec.groups) if kind_of(g).permutes]
+    out = []
+    for i in groups:
+        cls = spec.groups[i].cls
+        signs = tuple(j for j, g in enumerate(spec.groups) if kind_of(g).flips and g.cls == cls)
+        blocks = tuple(
+            j for j, g in enumerate(spec.groups) if kind_of(g).matrix and g.index == (cls,)
+        )
+        coupled = frozenset(block_classes(spec, spec.groups[i], itself=True))
+        out.append(ClassPlan(i, signs, blocks, coupled, i in fixed))
+    return out
+
+
+def class_units(spec: SymmetrySpec, sd: dict, plan: ClassPlan) -> tuple:
+    """``(unit matrix, [odd rows per sign group], [block matrices per GL group])``."""
+    full = unit_matrix(spec, sd, spec.groups[plan.group].cls)
+    odds = [odd_rows(spec, sd, spec.groups[s]) for s in plan.signs]
+    blocks = [block_matrices(spec, sd, spec.groups[b]) for b in plan.blocks]
+    return full, odds, blocks
+
+
+def pairing_score(
+    spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, cur_units: tuple, previous=None
+):
+    """``(score, plain, odd correlations)``: the ``(n, n)`` pairing scores of a class.
+
+    ``plain = R C^T`` is the score with nothing else free; ``score`` adds what
+    the best sign per sign group and the best rotation per GL block gain.
+    ``previous``, a ``(C_old, R C_old^T)`` pair, lets ``plain`` be updated on
+    the columns where ``C`` changed (see :func:`plain_score`).
+    """
+    (ref_full, ref_odds, ref_blocks), (cur_full, cur_odds, cur_blocks) = ref_units, cur_units
+    plain = plain_score(ref_full, cur_full, previous)
+    score = plain.clone() if any(o is not None for o in ref_odds) or any(ref_blocks) else plain
+    odds = []
+    for r, c in zip(ref_odds, cur_odds, strict=True):
+        odd = None if r is None else r @ c.T
+        odds.append(odd)
+        if odd is not None:
+            score += odd.abs() - odd
+    for b, r, c in zip(plan.blocks, ref_blocks, cur_blocks, strict=True):
+        if not r:
+            continue
+        # cross[i, j] = sum_parity X_j^T X_i: (n, n, h, h); its trace is already in plain.
+        cross = sum(torch.einsum("irl,jrk->ijkl", r[p], c[p]) for p in r)
+        sv = torch.linalg.svdvals(cross)
+        best = sv.sum(-1)
+        if spec.groups[b].special:  # Kabsch: a reflection is not allowed
+            negative = torch.linalg.det(cross) < 0
+            best = best - 2 * torch.where(negative, sv[..., -1], torch.zeros_like(best))
+        score += best - torch.diagonal(cross, dim1=-2, dim2=-1).sum(-1)
+    return score, plain, odds
+
+
+def plain_score(ref: torch.Tensor, cur: torch.Tensor, previous=None) -> torch.Tensor:
+    """``ref @ cur.T``, or its update from ``previous = (old, ref @ old.T)``.
+
+    Coordinate descent changes a class's unit matrix only where another class
+    moved (a few of its columns late in the descent), so
+    ``ref @ cur.T = ref @ old.T + ref[:, J] @ (cur - old)[:, J].T`` over the
+    columns ``J`` that differ costs ``|J| / features`` of the product. Past a
+    quarter of the columns the product is formed anew.
+
+    Shapes:
+        ``ref``, ``cur``, ``old``: ``(n, features)``; returns ``(n, n)``.
+
+    Example:
+        >>> ref, old = torch.randn(2, 4, 6, dtype=torch.float64)
+        >>> cur = old.clone(); cur[:, 2] = 1.0
+        >>> torch.allclose(plain_score(ref, cur, (old, ref @ old.T)), ref @ cur.T)
+        True
+    """
+    if previous is not None and previous[0].shape == cur.shape:
+        old, old_plain = previous
+        changed = (cur != old).any(0).nonzero().squeeze(1)
+        if len(changed) <= cur.shape[1] // 4:
+            delta = cur.index_select(1, changed) - old.index_select(1, changed)
+            return old_plain + ref.index_select(1, changed) @ delta.T
+    return ref @ cur.T
+
+
+def match_class(
+    spec: SymmetrySpec, plan: ClassPlan, ref_units: tuple, current: dict, memo=None, warm=False
+) -> list:
+    """The components (permutation, then signs) that improve the class's match, if any.
+
+    ``memo`` (a dict) keeps each class's unit matrix and plain score, in the
+    basis after its own step, for the next call's update (:func:`plain_score`).
+    ``warm``: the identity is expected near the optimum even on a first solve.
+    """
+    cur = class_units(spec, current, plan)
+    previous = memo.get(plan.group) if memo is not None else None
+    score, plain, odds = pairing_score(spec, plan, ref_units, cur, previous)
+    rows = torch.arange(len(score))
+    perm = rows if plan.fixed else assignment(score, warm=warm or previous is not None)
+    gain = float(score[rows, perm].sum() - score.trace())
+    if gain <= 1e-12 * max(1.0, float(plain.trace().abs())):
+        perm = rows  # no strict gain from moving units: keep them, only fix signs
+    step = [(plan.group, perm)] if (perm != rows).any() else []
+    if memo is not None:  # the class's rows move with its permutation, the score's columns too
+        memo[plan.group] = (cur[0][perm], plain[:, perm]) if step else (cur[0], plain)
+    for s, odd in zip(plan.signs, odds, strict=True):
+        if odd is not None:
+            flips = torch.where(odd[rows, perm] < 0, -1.0, 1.0).to(torch.float64)
+            if (flips < 0).any():
+                step.append((s, flips))
+    return step
+
+
+def _apply(spec: SymmetrySpec, current: dict, step: list, comps: list, moved_at: dict, clock: int):
+    """``current`` moved by ``step``, whose components are recorded with the time they moved."""
+    comps.extend(step)
+    for j, _ in step:
+        moved_at[spec.groups[j].cls] = clock
+    return act(spec, GroupElement(tuple(step)), current)
+
+
+def weight_matching(
+    spec: SymmetrySpec,
+    ref: dict,
+    other: dict,
+    *,
+    max_iter: int = 100,
+    seed: int = 0,
+    groups=None,
+    fixed=(),
+    rotations: bool = True,
+    warm: bool = False,
+) -> list[tuple[int, object]]:
+    """Components (permutations, signs, rotations) that move ``other`` closest to ``ref``.
+
+    Coordinate descent: sweeps over the permutation classes in a seeded random
+    order, each solved by :func:`match_class`; then, with ``rotations``, every
+    GL/orthogonal block rotated onto the reference's (:func:`procrustes`).
+    A class whose cost cannot have changed since it was last solved (no class
+    it shares a block with has moved since, itself included where a block holds
+    its axis twice) is not solved again: its answer would be the same.
+
+    Args:
+        spec: the :class:`~wsym.group.spec.SymmetrySpec`.
+        ref: the reference state dict (float64, canonicalized).
+        other: the state dict to move (float64, canonicalized).
+        max_iter: sweeps at most.
+        seed: order of the classes.
+        groups: permutation groups to solve (default: all).
+        fixed: permutation groups whose permutation is held (their signs are matched).
+        rotations: solve the GL/orthogonal rotations between sweeps.
+        warm: ``other`` is expected to be nearly matched already (a later
+            round of :func:`wsym.align.alignment.reference_alignment`): every solve warm.
+
+    Example:
+        >>> import torch, wsym
+        >>> from wsym.group.elements import act, GroupElement
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> moved = spec.act(spec.sample(seed=0, kinds=["permutation"]), sd)
+        >>> back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
+        >>> all(torch.equal(back[k], sd[k]) for k in sd)
+        True
+    """
+    todo = plans(spec, groups, fixed)
+    ref_units = {p.group: class_units(spec, ref, p) for p in todo}
+    moved_at: dict[int, int] = {}  # class -> step at which it last moved
+    solved_at: dict[int, int] = {}  # group -> step at which it was last solved
+    rng = random.Random(seed)
+    comps: list = []
+    current, clock, memo = other, 0, {}
+    for _ in range(max_iter):
+        changed = False
+        order = todo[:]
+        rng.shuffle(order)
+        for plan in order:
+            i = plan.group
+            if i in solved_at and all(moved_at.get(c, -1) < solved_at[i] for c in plan.coupled):
+                continue
+            clock += 1
+            solved_at[i] = clock
+            step = match_class(spec, plan, ref_units[i], current, memo, warm)
+            if step:
+                clock += 1
+                current = _apply(spec, current, step, comps, moved_at, clock)
+                changed = True
+        if rotations:
+            turn = procrustes(spec, ref, current, tol=ROTATION_TOL)
+            if turn:
+                clock += 1
+                current = _apply(spec, current, turn, comps, moved_at, clock)
+                changed = True
+        if not changed:
+            break
+    return comps
+
+
+def procrustes(
+    spec: SymmetrySpec, ref: dict, other: dict, tol: float = 1e-12
+) -> list[tuple[int, torch.Tensor]]:
+    """Per GL/orthogonal group, the rotation of ``other``'s blocks closest to ``ref``'s.
+
+    Canonicalization leaves each GL block balanced (``G^T G = H^T H``); what is
+    left of the group is ``O(h)``, and its canonical representative (singular
+    vectors with a sign rule) is arbitrary as a match between two different
+    networks. Per index (head), ``R = U V^T`` from the SVD ``U S V^T`` of
+    ``sum_blocks X_other^T X_ref`` (orthogonal Procrustes; Kabsch's determinant
+    fix for special orthogonal groups) maximizes ``sum tr(R^T X_other^T X_ref)``
+    over rotations, both factors moving together (``x R`` and ``x R^-T = x R``).
+    Identical blocks give ``R = I``, so exact recovery is kept. Rotations within
+    ``tol`` of the identity are left out.
+    """
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if not kind_of(g).matrix:
+            continue
+        mats_ref, mats_other = block_matrices(spec, ref, g), block_matrices(spec, other, g)
+        if not mats_ref:
+            continue
+        cross = sum(mats_other[k].transpose(-1, -2) @ mats_ref[k] for k in mats_ref)
+        u, _, vh = torch.linalg.svd(cross)
+        if g.special:
+            det = torch.linalg.det(u @ vh).sign()
+            u = u.clone()
+            u[..., :, -1] = u[..., :, -1] * det.unsqueeze(-1)
+        rot = u @ vh
+        eye = torch.eye(g.size, dtype=rot.dtype)
+        if float((rot - eye).abs().max()) > tol:
+            comps.append((i, rot))
+    return comps

@@ -1,0 +1,175 @@
+"""Merging aligned checkpoints (MergeMany for more than two), and BatchNorm statistics reset."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+
+import torch
+
+from wsym.align.alignment import align, check_same_architecture
+from wsym.align.continuous import mismatch
+from wsym.errors import WsymInputError
+from wsym.group.spec import SymmetrySpec
+from wsym.models.calling import model_inputs
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What :func:`merge` did, with ``with_report=True``.
+
+    Attributes:
+        aligned: each member moved onto the common basis (same function as the member).
+        rounds: MergeMany rounds run (0: aligned to the reference once).
+        mismatch: weight-matching objective ``sum_i ||aligned_i - merge||^2`` per round.
+        barriers: each member's loss barrier to the merge (needs ``model``,
+            ``batches`` and ``loss_fn``), else empty.
+    """
+
+    aligned: tuple[dict, ...]
+    rounds: int
+    mismatch: tuple[float, ...]
+    barriers: tuple[float, ...] = ()
+
+
+def merge(
+    state_dicts: list[dict],
+    spec: SymmetrySpec,
+    *,
+    method: str = "weights",
+    continuous: str = "reference",
+    model: torch.nn.Module | None = None,
+    batches=None,
+    reset_batchnorm: bool = False,
+    repair: bool = False,
+    reference: int = 0,
+    rounds: int = 5,
+    seed: int = 0,
+    loss_fn=None,
+    with_report: bool = False,
+):
+    """Average of ``state_dicts`` after aligning them all to a common basis.
+
+    Two checkpoints: the second is aligned to ``state_dicts[reference]``. More
+    (Git Re-Basin's MergeMany): all are first aligned to the reference, then,
+    for up to ``rounds`` rounds, each member in turn (seeded order) is aligned
+    anew to the mean of the *others*, until the summed distance to the merge
+    stops dropping; the common basis is thus the merge's, not the first
+    member's.
+
+    Args:
+        state_dicts: two or more state dicts of the architecture ``spec`` describes.
+        spec: the :class:`~wsym.group.spec.SymmetrySpec`.
+        method: alignment method, ``"weights"`` or ``"activations"``.
+        continuous: ``"reference"`` or ``"canonical"`` (see :func:`wsym.align`).
+        model: the module (activation matching, BatchNorm reset, REPAIR, barriers).
+        batches: iterable of ``(inputs, targets)`` (activation matching, statistics).
+        reset_batchnorm: recompute BatchNorm running statistics of the merge on ``batches``.
+        repair: REPAIR the merge (:mod:`wsym.align.repair`; BatchNorm statistics
+            recomputed, other units' statistics set to the members' mean).
+        reference: index of the first reference.
+        rounds: MergeMany rounds at most (more than two checkpoints).
+        seed: order of the members in each round.
+        loss_fn: with ``with_report``, the loss for each member's barrier to the merge.
+        with_report: return ``(merged, MergeReport)``.
+
+    Example:
+        >>> import torch, wsym
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+        >>> spec = wsym.detect(net, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in net.state_dict().items()}
+        >>> merged = wsym.merge([sd, spec.act(spec.sample(seed=2), sd)], spec)
+        >>> max(float((merged[k] - sd[k]).abs().max()) for k in sd) < 1e-9
+        True
+    """
+    if len(state_dicts) < 2:
+        raise WsymInputError("merge needs at least two state dicts")
+    check_same_architecture(spec, *state_dicts)
+    needs_data = (reset_batchnorm and "reset_batchnorm") or (repair and "repair")
+    if needs_data and (model is None or batches is None):
+        raise WsymInputError(f"{needs_data} needs model= and batches=")
+    batches = list(batches) if batches is not None else None
+    ref = state_dicts[reference]
+
+    def aligned_to(target, sd):
+        return align(target, sd, spec, method, continuous=continuous, model=model, batches=batches)
+
+    aligned = [sd if i == reference else aligned_to(ref, sd) for i, sd in enumerate(state_dicts)]
+    history = [_spread(spec, aligned)]
+    done = 0
+    order = random.Random(seed)
+    while len(state_dicts) > 2 and done < rounds:
+        done += 1
+        trial = list(aligned)
+        for i in order.sample(range(len(trial)), len(trial)):
+            others = _mean([sd for j, sd in enumerate(trial) if j != i], ref)
+            trial[i] = aligned_to(others, state_dicts[i])
+        value = _spread(spec, trial)
+        if value >= history[-1] * (1 - 1e-9):
+            break
+        aligned, history = trial, [*history, value]
+    merged = _mean(aligned, ref)
+    if repair:
+        from wsym.align.repair import repair as repair_fn
+
+        merged = repair_fn(model, merged, aligned, [1 / len(aligned)] * len(aligned), batches)
+    elif reset_batchnorm:
+        merged = reset_batchnorm_stats(model, merged, batches)
+    if not with_report:
+        return merged
+    barriers = ()
+    if loss_fn is not None and model is not None and batches is not None:
+        from wsym.align.interpolate import interpolate
+
+        barriers = tuple(interpolate(model, sd, merged, batches, loss_fn).barrier for sd in aligned)
+    return merged, MergeReport(tuple(aligned), done, tuple(history), barriers)
+
+
+def _mean(state_dicts: list[dict], like: dict) -> dict:
+    """The entrywise mean of the floating entries (others copied from ``like``)."""
+    out = {}
+    for key, value in like.items():
+        if value.is_floating_point():
+            stacked = torch.stack([sd[key].to(torch.float64) for sd in state_dicts])
+            out[key] = stacked.mean(0).to(value.dtype)
+        else:
+            out[key] = value.clone()
+    return out
+
+
+def _spread(spec: SymmetrySpec, aligned: list[dict]) -> float:
+    """``sum_i ||aligned_i - mean||^2`` (the MergeMany objective)."""
+    center = _mean(aligned, aligned[0])
+    return sum(mismatch(spec, center, sd) for sd in aligned)
+
+
+def reset_batchnorm_stats(model: torch.nn.Module, state_dict: dict, batches) -> dict:
+    """``state_dict`` with every BatchNorm's running statistics recomputed on ``batches``.
+
+    The statistics are computed in the state dict's floating dtype; every other
+    entry is returned as it is.
+    """
+    dtype = next(v.dtype for v in state_dict.values() if v.is_floating_point())
+    net = copy.deepcopy(model).to(dtype)
+    net.load_state_dict(state_dict)
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average over all batches
+    net.train()
+    with torch.no_grad():
+        for inputs, _ in batches:
+            args, kwargs = model_inputs(net, inputs)
+            args = tuple(
+                a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+            )
+            net(*args, **kwargs)
+    stats = {
+        f"{name}.{stat}": getattr(m, stat).detach().clone()
+        for name, m in net.named_modules()
+        if m in norms
+        for stat in ("running_mean", "running_var", "num_batches_tracked")
+        if getattr(m, stat, None) is not None
+    }
+    return {**state_dict, **{k: v for k, v in stats.items() if k in state_dict}}

@@ -1,0 +1,98 @@
+r"""A model's own numerical floor: how far round-off alone moves its float64 outputs.
+
+A true symmetry changes the outputs only by round-off; how much round-off a
+model amplifies is a property of the model. The floor is measured as the
+relative output deviation between two float64 evaluations that differ only by
+round-off-sized changes:
+
+* every floating-point weight multiplied by ``1 + r eps64`` with ``|r| <= ULPS``
+  (what acting with a group element does to the weights: one rounding each);
+* every *float32 island* (an operation that computes in a lower precision than
+  its float64 operands, such as Hugging Face's RMSNorm or rotary tables cast to
+  float32) perturbed at its output by one unit in the last place of its dtype
+  (what a reordered reduction inside the island does).
+
+.. math::
+
+    \mathrm{floor} = \frac{\max |f(\tilde\theta, x) - f(\theta, x)|}{\max |f(\theta, x)|}
+
+Verification then rejects any group that moves outputs more than
+:data:`FACTOR` times the floor, whatever its absolute size.
+
+Example:
+    >>> import torch
+    >>> from wsym.group.floor import perturbed_state
+    >>> sd = {"w": torch.ones(3, dtype=torch.float64)}
+    >>> d = perturbed_state(sd, torch.Generator().manual_seed(0))["w"] - 1
+    >>> bool(d.abs().max() <= 4 * torch.finfo(torch.float64).eps)
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+ULPS = 4  # relative weight noise, in float64 units in the last place
+FACTOR = 1e3  # a group moving outputs more than FACTOR x the floor is false
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def perturbed_state(state: dict, gen: torch.Generator) -> dict:
+    """``state`` with every float entry multiplied by ``1 + r eps``, ``r ~ U(-ULPS, ULPS)``.
+
+    ``eps`` is the entry's own machine epsilon (float32 probes get float32 noise).
+    """
+    out = {}
+    for k, v in state.items():
+        if torch.is_tensor(v) and v.is_floating_point():
+            r = torch.empty(v.shape, dtype=v.dtype).uniform_(-ULPS, ULPS, generator=gen)
+            v = v * (1 + r * torch.finfo(v.dtype).eps)
+        out[k] = v
+    return out
+
+
+class Islands(TorchDispatchMode):
+    """Record (and optionally perturb) operations that compute below float64.
+
+    An operation is an island where a floating-point output has a lower precision
+    than one of its floating-point tensor operands (a down-cast, or an op that
+    upcasts internally and returns float32). With ``perturb``, each such output
+    is moved by up to one unit in its last place.
+
+    Attributes:
+        eps: the largest machine epsilon among island outputs (float64's if none).
+    """
+
+    def __init__(self, perturb: bool = False, gen: torch.Generator | None = None):
+        super().__init__()
+        self.perturb, self.gen, self.eps = perturb, gen, EPS64
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        leaves = tree_flatten((args, kwargs))[0]
+        operands = [t for t in leaves if torch.is_tensor(t) and t.is_floating_point()]
+        if not operands:
+            return out
+        finest = min(torch.finfo(t.dtype).eps for t in operands)
+        return tree_map(lambda t: self._visit(t, finest), out)
+
+    def _visit(self, t, finest: float):
+        if not (torch.is_tensor(t) and t.is_floating_point()):
+            return t
+        eps = torch.finfo(t.dtype).eps
+        if eps <= finest:
+            return t
+        self.eps = max(self.eps, eps)
+        if not self.perturb:
+            return t
+        r = torch.empty(t.shape, dtype=torch.float64).uniform_(-1, 1, generator=self.gen)
+        return (t.to(torch.float64) * (1 + r * eps)).to(t.dtype)
+
+
+def relative(y1: torch.Tensor, y0: torch.Tensor) -> float:
+    """``max |y1 - y0| / max |y0|`` (0 for empty outputs)."""
+    if y0.numel() == 0:
+        return 0.0
+    return float((y1 - y0).abs().max() / y0.abs().max().clamp_min(1e-300))

@@ -1,0 +1,389 @@
+"""Numerical verification: acting with a group element must not change the outputs.
+
+Everything runs in float64, on the real module (never on a trace), at generic
+random parameters (so that a wrong group cannot hide behind a zero-initialized
+branch or a near-zero layer-scale) and on inputs that exercise every
+nonlinearity's range: fresh random inputs, the same scaled by 20 (pre-activations
+reach saturation: ReLU6's cap, tanh's tails) and by 1/20 (the linear region,
+where biases dominate). The tolerance is calibrated per model:
+:data:`~wsym.group.floor.FACTOR` times the model's own numerical floor
+(:mod:`wsym.group.floor`), so a group that moves outputs 1e3x above what round-off
+does is rejected even if the change is tiny in absolute terms.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten
+
+from wsym.errors import SymmetryWarning
+from wsym.group.adversary import adversarial_inputs, cheap
+from wsym.group.elements import act, sample
+from wsym.group.floor import FACTOR, Islands, perturbed_state, relative
+from wsym.group.spec import SymmetrySpec
+from wsym.models.calling import eval_mode, model_inputs
+
+# float inputs are probed at these multiples of fresh random inputs
+INPUT_SCALES = (1.0, 20.0, 0.05)
+# scales (and GL singular values, translation sizes) of the verifying elements: wide
+# enough that a false scaling shows (relu6(10 x) != 10 relu6(x)), narrow enough that
+# a true GL element's condition number (<= 100) keeps round-off near the floor
+SCALE = (0.1, 10.0)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Largest relative output deviation per group and for all groups together.
+
+    ``tolerance`` is :data:`~wsym.group.floor.FACTOR` times ``floor``, the model's
+    numerical floor (the largest over the probes).
+    """
+
+    deviations: tuple[float, ...]
+    joint: float
+    tolerance: float
+    floor: float = 0.0
+
+    @property
+    def failed(self) -> list[int]:
+        """Indices of groups whose deviation exceeds the tolerance."""
+        return [i for i, d in enumerate(self.deviations) if not d <= self.tolerance]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every group and the product verified."""
+        return not self.failed and self.joint <= self.tolerance
+
+
+class Probe:
+    """Forward passes of one model at chosen state dicts, in float64, on fixed inputs.
+
+    Float inputs are fresh random draws of the example's shape (times
+    ``input_scale``); integer inputs (token ids) are kept. :meth:`rescaled` gives
+    the same probe on scaled inputs, sharing the state dicts.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        example_inputs,
+        dtype=torch.float64,
+        seed: int = 0,
+        input_scale: float = 1.0,
+    ):
+        self.model = model  # never modified: every call swaps in a state dict
+
+        def cast(t):
+            return t.detach().to(dtype) if t.is_floating_point() else t.detach()
+
+        args, kwargs = model_inputs(model, example_inputs)
+        gen = torch.Generator().manual_seed(seed)
+        self.args = tuple(_randomize(a, gen, dtype, input_scale) for a in args)
+        self.kwargs = {k: _randomize(v, gen, dtype, input_scale) for k, v in kwargs.items()}
+        self.input_scale, self.seed, self.dtype = input_scale, seed, dtype
+        own = model.state_dict(keep_vars=True)
+        # buffers outside the state dict (rotary frequencies, say) still need the dtype
+        self.extra = {k: cast(v) for k, v in model.named_buffers() if k not in own}
+        self.generic = _generic_state(own, gen, dtype)
+        self._own, self._cast = own, cast
+        for alias, key in tied_keys(model).items():  # tied weights stay tied
+            self.generic[alias] = self.generic[key]
+        self._ref: tuple = (None, None)
+        self._floors: dict = {}
+        self._shared: dict = {}  # one copy of the own weights for every rescaled probe
+
+    @property
+    def state(self) -> dict:
+        """The model's own weights, in the probe's dtype (converted once, on first use)."""
+        if "state" not in self._shared:
+            self._shared["state"] = {k: self._cast(v) for k, v in self._own.items()}
+        return self._shared["state"]
+
+    def with_inputs(self, args: tuple, kwargs: dict) -> Probe:
+        """The same probe on other inputs (sharing the state dicts)."""
+        other = copy.copy(self)
+        other.args, other.kwargs = tuple(args), dict(kwargs)
+        other._ref, other._floors = (None, None), {}
+        return other
+
+    def rescaled(self, factor: float) -> Probe:
+        """The same probe with its float inputs multiplied by ``factor``."""
+        other = copy.copy(self)
+        other.args = tuple(_scale(a, factor) for a in self.args)
+        other.kwargs = {k: _scale(v, factor) for k, v in self.kwargs.items()}
+        other.input_scale = self.input_scale * factor
+        other._ref, other._floors = (None, None), {}
+        return other
+
+    @property
+    def scalable(self) -> bool:
+        """Whether the model has float inputs (that :meth:`rescaled` can scale)."""
+        leaves = tree_flatten((self.args, self.kwargs))[0]
+        return any(torch.is_tensor(x) and x.is_floating_point() for x in leaves)
+
+    def reference(self, state: dict) -> torch.Tensor:
+        """Outputs at ``state``, computed once per state dict object."""
+        if self._ref[0] is not state:
+            self._ref = (state, self(state))
+        return self._ref[1]
+
+    def floor(self, state: dict) -> float:
+        """The numerical floor at ``state`` (:mod:`wsym.group.floor`), measured once per state.
+
+        The perturbed weights are drawn once and shared by every rescaled probe.
+        """
+        key = id(state)
+        if key not in self._floors:
+            if self._shared.get("perturbed", (None,))[0] is not state:
+                gen = torch.Generator().manual_seed(self.seed + 7)
+                self._shared["perturbed"] = (state, perturbed_state(state, gen))
+            islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
+            y1 = self(self._shared["perturbed"][1], mode=islands)
+            eps = torch.finfo(self.dtype).eps
+            self._floors[key] = max(relative(y1, self.reference(state)), eps)
+        return self._floors[key]
+
+    def release(self) -> None:
+        """Drop the perturbed weights the floor was measured at (one model copy)."""
+        self._shared.pop("perturbed", None)
+
+    def __call__(self, state: dict, mode=None) -> torch.Tensor:
+        """Flattened float64 outputs at ``state`` (under a dispatch ``mode`` if given)."""
+        with torch.no_grad(), eval_mode(self.model):
+            with mode if mode is not None else _nothing():
+                out = functional_call(
+                    self.model,
+                    {**self.extra, **state},
+                    self.args,
+                    self.kwargs,
+                    tie_weights=False,
+                    strict=False,
+                )
+        leaves, _ = tree_flatten(out)
+        return torch.cat(
+            [
+                x.reshape(-1).to(torch.float64)
+                for x in leaves
+                if torch.is_tensor(x) and x.is_floating_point()
+            ]
+        )
+
+
+def float64_probe(model: torch.nn.Module, example_inputs, seed: int = 0) -> Probe:
+    """A float64 :class:`Probe`, or a float32 one (with a warning) where float64 cannot run.
+
+    Some kernels exist only for float32 and below (``torch._grouped_mm`` in Hugging
+    Face's mixture-of-experts layers); such models are verified in float32, whose
+    floor (and so tolerance) is about 1e9 times coarser.
+    """
+    probe = Probe(model, example_inputs, seed=seed)
+    try:
+        probe.reference(probe.generic)
+    except RuntimeError as err:
+        if "Double" not in str(err) and "float64" not in str(err):
+            raise
+        line = str(err).strip().splitlines()[0][:160]
+        warnings.warn(
+            f"the model cannot run in float64 ({line}); verified in float32 instead",
+            SymmetryWarning,
+            stacklevel=3,
+        )
+        probe = Probe(model, example_inputs, dtype=torch.float32, seed=seed)
+    return probe
+
+
+def probes(probe: Probe) -> list[Probe]:
+    """``probe`` and, for models with float inputs, the same on inputs scaled by 20 and 1/20.
+
+    ``probe`` itself stands for its own scale (its reference outputs are kept).
+    """
+    if not probe.scalable:
+        return [probe]
+    return [
+        probe if f == probe.input_scale else probe.rescaled(f / probe.input_scale)
+        for f in INPUT_SCALES
+    ]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def tied_keys(model: torch.nn.Module) -> dict[str, str]:
+    """State-dict keys that share storage with an earlier key: alias -> key."""
+    seen, out = {}, {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        ident = (
+            v.untyped_storage().data_ptr(),
+            v.storage_offset(),
+            tuple(v.shape),
+            tuple(v.stride()),
+        )
+        if ident in seen:
+            out[k] = seen[ident]
+        else:
+            seen[ident] = k
+    return out
+
+
+def _randomize(x, gen, dtype, factor: float = 1.0):
+    """Fresh random inputs of the same shape (integer inputs are kept: token ids)."""
+    if torch.is_tensor(x) and x.is_floating_point():
+        return (factor * torch.randn(x.shape, generator=gen, dtype=torch.float64)).to(dtype)
+    return x
+
+
+def _scale(x, factor: float):
+    return x * factor if torch.is_tensor(x) and x.is_floating_point() else x
+
+
+def _generic_state(state: dict, gen, dtype) -> dict:
+    """Random weights of the same shapes and rough scale; variances stay positive.
+
+    Uniform draws with the weights' standard deviation: as generic as Gaussian
+    ones and cheaper. 1-D positive weights (norm scales, layer-scales) stay
+    positive and O(1) so that no branch is switched off.
+    """
+    out = {}
+    for k, full in state.items():
+        full = full.detach()
+        if not full.is_floating_point():
+            out[k] = full
+            continue
+        sample = full.reshape(-1)[: 2**16]
+        std = sample.std().item() if sample.numel() > 1 else abs(sample.sum().item())
+        if std <= 1e-3:  # zero or constant init: fan-in scale for matrices, 0.5 otherwise
+            std = 1.0 / max(1, full[0].numel()) ** 0.5 if full.ndim > 1 else 0.5
+        a = std * 3**0.5
+        r = torch.empty(full.shape, dtype=dtype).uniform_(-a, a, generator=gen)
+        if k.endswith("running_var"):
+            r = r.abs() + 0.5
+        elif full.ndim == 1 and (full > 0).all():
+            r = r.abs() + full.mean().to(dtype)
+        out[k] = r
+    return out
+
+
+def deviation(
+    probe: Probe, spec: SymmetrySpec, groups, seed: int, scale=SCALE, state=None, flip=False
+) -> float:
+    """Relative output change under one random element of ``groups`` at ``state``.
+
+    Permutations are drawn as n-cycles and sign vectors flip at least one unit
+    (``flip`` negates them), so that discrete groups are not tested at identity.
+    """
+    base = probe.state if state is None else state
+    y0 = probe.reference(base)
+    g = sample(spec, seed=seed, scale=scale, groups=groups, moving=True, flip=flip)
+    return relative(probe(act(spec, g, base)), y0)
+
+
+def verify(
+    spec: SymmetrySpec, model, example_inputs, seed: int = 0, trials: int = 2, scale=SCALE
+) -> VerifyReport:
+    """Measure every group alone and all together, at actual and generic parameters.
+
+    Each is measured on every probe of :func:`probes` (fresh, x20 and x1/20
+    inputs). Trials come in pairs drawn from one seed, the second with negated
+    sign vectors: between them every unit of every sign group is flipped.
+    """
+    base = float64_probe(model, example_inputs, seed=seed)
+    runs = [(p, st) for p in probes(base) for st in ("s", "g")]
+
+    def state(p, which):
+        return p.state if which == "s" else p.generic
+
+    def worst(groups, offset):
+        return max(
+            deviation(p, spec, groups, seed + offset + t // 2, scale, state(p, w), flip=t % 2 == 1)
+            for t in range(trials)
+            for p, w in runs
+        )
+
+    per = [worst([i], 0) for i in range(len(spec.groups))]
+    everything = list(range(len(spec.groups)))
+    joint = worst(everything, 100) if everything else 0.0
+    floor = max(p.floor(state(p, w)) for p, w in runs)
+    base.release()
+    return VerifyReport(tuple(per), joint, FACTOR * floor, floor)
+
+
+def screen(
+    spec: SymmetrySpec, probe: Probe, seed: int = 0, scale=SCALE
+) -> tuple[list[float], list[int]]:
+    """Group testing: verify sets of groups jointly, bisecting only sets that fail.
+
+    Runs at the probe's generic parameters: the detected groups are structural
+    (they hold for every value of the weights), and generic values are where a
+    false one shows (:func:`verify` also measures at the model's own weights).
+    A set passes if it moves the outputs by at most the tolerance on every probe
+    (fresh, x20, x1/20 inputs); the element is drawn and applied once per set,
+    and the probe that failed last is tried first. The tolerance is
+    :data:`~wsym.group.floor.FACTOR` times the largest floor of the probes.
+
+    Cost: with ``k`` false groups among ``n``, about ``3 (2 + k log2 n)`` forward passes.
+    For small models (:func:`~wsym.group.adversary.cheap`), the survivors are then tested
+    once more on inputs pushed towards a counterexample (:mod:`wsym.group.adversary`;
+    about 14 more passes).
+
+    Returns per-group deviations (the largest deviation of the set that cleared
+    it) and the indices of groups that fail on their own.
+    """
+    all_probes = probes(probe)
+    floor = max(p.floor(p.generic) for p in all_probes)
+    probe.release()  # the perturbed copy of the weights is no longer needed
+    tol = FACTOR * floor
+    devs = [0.0] * len(spec.groups)
+    failed: list[int] = []
+    _group_test(spec, all_probes, list(range(len(spec.groups))), seed, scale, tol, devs, failed)
+    alive = [i for i in range(len(spec.groups)) if i not in failed]
+    if alive and probe.scalable and cheap(probe.model):  # a counterexample search on top
+        found = adversarial_inputs(all_probes[1], spec, alive, seed=seed + 1, scale=scale)
+        if found is not None:
+            adv = probe.with_inputs(*found)
+            tol = max(tol, FACTOR * adv.floor(adv.generic))
+            probe.release()
+            _group_test(spec, [adv], alive, seed + 1, scale, tol, devs, failed)
+    return devs, sorted(failed)
+
+
+def _group_test(spec, all_probes, groups, seed, scale, tol, devs, failed) -> None:
+    """Bisect ``groups`` on ``all_probes``, recording into ``devs`` and ``failed``."""
+    stack = [groups] if groups else []
+    while stack:
+        part = stack.pop()
+        d, all_probes = _worst(spec, all_probes, part, seed + len(part), scale, tol)
+        if d <= tol:
+            for i in part:
+                devs[i] = max(devs[i], d)
+        elif len(part) == 1:
+            devs[part[0]] = d
+            failed.append(part[0])
+        else:
+            half = len(part) // 2
+            stack.extend([part[:half], part[half:]])
+
+
+def _worst(spec, all_probes: list[Probe], part, seed: int, scale, tol) -> tuple[float, list]:
+    """Largest deviation of ``part`` over the probes (stopping at the first above ``tol``).
+
+    Returns it with the probes reordered so that a failing probe comes first.
+    """
+    g = sample(spec, seed=seed, scale=scale, groups=part, moving=True)
+    base = all_probes[0].generic
+    moved = act(spec, g, base)
+    worst = 0.0
+    for k, p in enumerate(all_probes):
+        worst = max(worst, relative(p(moved), p.reference(base)))
+        if worst > tol:
+            return worst, [p, *all_probes[:k], *all_probes[k + 1 :]]
+    return worst, all_probes

@@ -1,0 +1,216 @@
+"""Christoffel symbols and the second-order geodesic step on a GL block.
+
+A geodesic ``gamma`` with ``gamma(0) = theta`` and ``gamma'(0) = xi`` solves
+``gamma'' = -Gamma(gamma', gamma')``, so ``gamma(1) = theta + xi - 1/2 Gamma(xi, xi)
++ O(|xi|^3)``. From the Euler-Lagrange equations of the energy
+``1/2 <gamma', gamma'>`` (``P = G^T G + s_G I``, ``Q = H^T H + s_H I``, the shifts
+frozen at the base point):
+
+* invariant (G and H decoupled; H likewise with ``Q``):
+  ``Gamma(xi, xi)_G = -xi_G P^{-1} (xi_G^T G + G^T xi_G) + G P^{-1} xi_G^T xi_G``;
+* mixed (coupled; H by the symmetry ``G <-> H``):
+  ``Gamma(xi, xi)_G = xi_G (xi_H^T H + H^T xi_H) Q^{-1} - G (xi_H^T xi_H) Q^{-1}``;
+* euclidean: ``Gamma = 0`` (straight lines).
+
+On a ``1 x 1`` block (a diagonal linear network coordinate ``(u, v)``, horizontal
+``xi = b (u, v)``) the step is the Taylor expansion to second order of the exact
+geodesics ``(u, v) e^{bt}`` (invariant) and ``(u, v) sqrt(1 + 2bt)`` (mixed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric
+
+
+def _sym(M: Tensor) -> Tensor:
+    return M + M.mT
+
+
+def _invariant_factor(M: Tensor, xi: Tensor, eps: float) -> tuple[Tensor, Callable]:
+    """One decoupled factor of the invariant metric: its ``Gamma`` part and that part's VJP.
+
+    ``Gamma = -xi P^{-1} S + M P^{-1} xi^T xi`` with ``S = xi^T M + M^T xi`` and
+    ``P = M^T M + s I``; the VJP returns ``g - (d/dv Gamma(xi, xi)/2 [v])^T g``.
+    """
+    P = Gram.of(M, eps)
+    S = _sym(xi.mT @ M)
+    h = M.shape[-1]
+    Z = P.solve(torch.cat([S, xi.mT @ xi], dim=-1))
+    gamma = -xi @ Z[..., :h] + M @ Z[..., h:]
+
+    def vjp(g: Tensor) -> Tensor:
+        W = P.solve(torch.cat([xi.mT @ g, M.mT @ g], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
+        # S P^-1 = (P^-1 S)^T: both symmetric
+        adj = -0.5 * g @ Z[..., :h].mT - 0.5 * M @ _sym(W[..., :h])
+        return g - (adj + 0.5 * xi @ _sym(W[..., h:]))
+
+    return gamma, vjp
+
+
+def _mixed(block: Pair, xi: Pair, eps: float) -> tuple[Pair, Callable]:
+    """``Gamma(xi, xi)`` of the mixed metric and the VJP of the step (G and H coupled)."""
+    (G, H), (xG, xH) = block, xi
+    P, Q = Gram.of(G, eps), Gram.of(H, eps)
+    S_G, S_H = _sym(xG.mT @ G), _sym(xH.mT @ H)
+    A_G, A_H = P.solve(S_G, left=False), Q.solve(S_H, left=False)  # S P^-1, S Q^-1
+    gamma = Pair(
+        xG @ A_H - G @ Q.solve(xH.mT @ xH, left=False),
+        xH @ A_G - H @ P.solve(xG.mT @ xG, left=False),
+    )
+
+    def vjp(g: Pair) -> Pair:
+        gG, gH = g
+        # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
+        M_G, N_G = Q.solve(xG.mT @ gG, left=False), Q.solve(G.mT @ gG, left=False)
+        M_H, N_H = P.solve(xH.mT @ gH, left=False), P.solve(H.mT @ gH, left=False)
+        # Q^-1 S_H = (S_H Q^-1)^T: both symmetric
+        adj_G = 0.5 * (gG @ A_H.mT + G @ _sym(M_H) - xG @ _sym(N_H))
+        adj_H = 0.5 * (gH @ A_G.mT + H @ _sym(M_G) - xH @ _sym(N_G))
+        return Pair(gG - adj_G, gH - adj_H)
+
+    return gamma, vjp
+
+
+def _linearized(block: Pair, xi: Pair, metric: str, eps: float) -> tuple[Pair, Callable]:
+    """``Gamma(xi, xi)`` and the VJP of the step ``xi -> xi - Gamma(xi, xi) / 2``.
+
+    The two share their products with ``xi`` (computed once), which is what an
+    ascent needs at every step: the moved point, then the pullback of its gradient.
+    """
+    metric = check_metric(metric)
+    if metric == "euclidean":
+        return Pair(torch.zeros_like(xi.G), torch.zeros_like(xi.H)), lambda g: Pair(*g)
+    if metric == "mixed":
+        return _mixed(block, xi, eps)
+    gamma_G, vjp_G = _invariant_factor(block.G, xi.G, eps)
+    gamma_H, vjp_H = _invariant_factor(block.H, xi.H, eps)
+    return Pair(gamma_G, gamma_H), lambda g: Pair(vjp_G(g[0]), vjp_H(g[1]))
+
+
+def christoffel(
+    block: Pair | tuple[Tensor, Tensor],
+    xi: Pair | tuple[Tensor, Tensor],
+    metric: Metric = "invariant",
+    eps: float = DEFAULT_EPS,
+) -> Pair:
+    """The quadratic form ``Gamma(xi, xi)`` of the metric's Christoffel symbols at ``block``.
+
+    Args:
+        block: G ``(..., n, h)``, H ``(..., m, h)``.
+        xi: tangent vector of the same shapes.
+        metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
+        eps: Gram regularization (constant along the geodesic); 0 for exact formulas.
+
+    Returns:
+        A :class:`Pair` of the shapes of ``xi``; the geodesic acceleration is its negative.
+
+    Example:
+        >>> u, v = torch.tensor([[2.0]]), torch.tensor([[3.0]])
+        >>> christoffel((u, v), (0.5 * u, 0.5 * v), "invariant", eps=0)  # -b^2 (u, v)
+        Pair(G=tensor([[-0.5000]]), H=tensor([[-0.7500]]))
+    """
+    return _linearized(as_pair(block), as_pair(xi), metric, eps)[0]
+
+
+def geodesic_step(
+    block: Pair | tuple[Tensor, Tensor],
+    xi: Pair | tuple[Tensor, Tensor],
+    metric: Metric = "invariant",
+    eps: float = DEFAULT_EPS,
+) -> Pair:
+    """Second-order approximation ``theta + xi - 1/2 Gamma(xi, xi)`` of ``exp_theta(xi)``.
+
+    Pass a horizontal ``xi`` (:func:`~wsym.sharpness.geometry.horizontal`) to move on the
+    quotient. Agrees with the exact geodesic to ``O(|xi|^3)``.
+
+    Args:
+        block: G ``(..., n, h)``, H ``(..., m, h)``.
+        xi: tangent vector of the same shapes.
+        metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
+        eps: Gram regularization; 0 for exact formulas.
+
+    Returns:
+        The new block, a :class:`Pair`.
+
+    Example:
+        >>> u, v, b = torch.tensor([[2.0]]), torch.tensor([[3.0]]), 0.1
+        >>> G, H = geodesic_step((u, v), (b * u, b * v), "mixed", eps=0)
+        >>> torch.allclose(G, u * (1 + b - b**2 / 2))  # u sqrt(1 + 2b) to second order
+        True
+    """
+    G, H = as_pair(block)
+    xG, xH = as_pair(xi)
+    gamma = christoffel((G, H), (xG, xH), metric, eps)
+    return Pair(G + xG - 0.5 * gamma.G, H + xH - 0.5 * gamma.H)
+
+
+def geodesic_step_vjp(
+    block: Pair | tuple[Tensor, Tensor],
+    xi: Pair | tuple[Tensor, Tensor],
+    cotangent: Pair | tuple[Tensor, Tensor],
+    metric: Metric = "invariant",
+    eps: float = DEFAULT_EPS,
+) -> Pair:
+    """Vector-Jacobian product of :func:`geodesic_step` with respect to ``xi``, in closed form.
+
+    The step is ``xi -> theta + xi - Gamma(xi, xi) / 2`` with ``Gamma`` symmetric and
+    bilinear, so its differential is ``v -> v - Gamma(xi, v)`` and the VJP is
+    ``g - Gamma(xi, .)^T g``, written out per metric (no autograd graph).
+
+    Args:
+        block: G ``(..., n, h)``, H ``(..., m, h)``.
+        xi: tangent vector of the same shapes.
+        cotangent: ``(dL/dG', dL/dH')`` at the stepped block.
+        metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
+        eps: Gram regularization; 0 for exact formulas.
+
+    Returns:
+        ``(dL/dxi_G, dL/dxi_H)``, a :class:`Pair`.
+
+    Example:
+        >>> G, H = torch.randn(4, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+        >>> xi = (torch.randn_like(G).requires_grad_(), torch.randn_like(H).requires_grad_())
+        >>> g = (torch.randn_like(G), torch.randn_like(H))
+        >>> auto = torch.autograd.grad(geodesic_step((G, H), xi, "mixed"), xi, grad_outputs=g)
+        >>> closed = geodesic_step_vjp((G, H), [x.detach() for x in xi], g, "mixed")
+        >>> all(torch.allclose(a, b) for a, b in zip(auto, closed))
+        True
+    """
+    return _linearized(as_pair(block), as_pair(xi), metric, eps)[1](as_pair(cotangent))
+
+
+def geodesic_step_linearized(
+    block: Pair | tuple[Tensor, Tensor],
+    xi: Pair | tuple[Tensor, Tensor],
+    metric: Metric = "invariant",
+    eps: float = DEFAULT_EPS,
+) -> tuple[Pair, Callable[[Pair], Pair]]:
+    """The displacement ``xi - Gamma(xi, xi) / 2`` of :func:`geodesic_step` and its VJP.
+
+    One call gives what :func:`geodesic_step` and :func:`geodesic_step_vjp` give
+    separately, sharing their products with ``xi``.
+
+    Args:
+        block: G ``(..., n, h)``, H ``(..., m, h)``.
+        xi: tangent vector of the same shapes.
+        metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
+        eps: Gram regularization; 0 for exact formulas.
+
+    Returns:
+        ``(displacement, vjp)``: the new block is ``block + displacement``; ``vjp``
+        maps a cotangent at the new block to ``(dL/dxi_G, dL/dxi_H)``.
+
+    Example:
+        >>> G, H = torch.randn(4, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+        >>> xi = (0.1 * torch.randn_like(G), 0.1 * torch.randn_like(H))
+        >>> move, vjp = geodesic_step_linearized((G, H), xi, "invariant")
+        >>> torch.allclose(G + move.G, geodesic_step((G, H), xi, "invariant").G)
+        True
+    """
+    gamma, vjp = _linearized(as_pair(block), as_pair(xi), metric, eps)
+    return Pair(xi[0] - 0.5 * gamma.G, xi[1] - 0.5 * gamma.H), vjp

@@ -1,0 +1,317 @@
+r"""Sharpness of a trained network, measured so that its symmetries cannot hide it.
+
+:func:`sharpness` is the entry point. The worst-case measures solve, per batch,
+
+.. math::
+    S = \sum_k w_k \max_{\|\xi\|_\theta \le \rho} \ell_k(\gamma_\xi(1)) - \ell_k(\theta),
+    \qquad w_k = n_k / \textstyle\sum_j n_j,
+
+with an Auto-PGD-like ascent on the tangent vector :math:`\xi` (Croce & Hein 2020, as in
+Andriushchenko et al. 2023): normalized Riemannian-gradient steps, step size :math:`2\rho`
+at first and halved (restarting from the best point) at checkpoints where fewer than
+75% of the steps improved, momentum 0.75, projection onto the metric ball. The ascent
+starts at :math:`\xi = 0` and its first direction is the Riemannian gradient, so every
+step is equivariant: a symmetric copy of the network follows the image of the same
+path. With ``average=True`` the max is replaced by the mean over ``steps`` antithetic
+pairs ``+-xi`` of random directions of norm :math:`\rho` (the first-order term cancels
+in each pair), drawn from ``seed``; ``with_error=True`` also returns the standard error.
+
+====================  =============================  ==========================================
+measure               perturbation                   invariant to (group kinds)
+====================  =============================  ==========================================
+``euclidean``         ``theta + xi``, ``|xi|_2``      none
+``adaptive``          ``theta + |w| * u``, ``|u|_2``  scaling, sign, norm_scaling, permutation
+``geodesic-inv``      horizontal geodesic step        every detected kind, the whole group at
+``geodesic-mix``      (invariant / mixed metric)     once (see below)
+``hessian-trace``     --                             permutation, orthogonal
+``lambda-max``        --                             permutation, orthogonal
+``fisher``            --                             scaling, sign, norm_scaling, permutation
+                                                     (evaluated at the canonical point, same seed)
+====================  =============================  ==========================================
+
+Geodesic measures (``docs/geometry.md``): the quotient by the *whole* continuous group.
+GL, orthogonal and GL(1) blocks (:mod:`wsym.sharpness.quotient`) use the invariant (``-inv``) or
+mixed (``-mix``) metric and the second-order geodesic step, every other entry the
+elementwise adaptive metric and a straight step; the tangent is projected on the
+horizontal space of every continuous group, overlapping or not
+(:mod:`wsym.sharpness.vertical`), and everything is evaluated at the balanced point of
+the diagonal groups (:mod:`wsym.sharpness.gauge`), where the metric is invariant to the
+product of all of them. Average-case directions are drawn at the canonical point
+(:func:`wsym.canonicalize`), in canonical coordinates, so the same seed gives the same
+value for every point of the orbit. A spec without continuous groups gives
+``adaptive`` (with a warning).
+
+Evaluation: the model is copied to float64 and called with
+:func:`torch.func.functional_call` in eval mode (BatchNorm uses running statistics,
+dropout is off). Curvature measures delegate to :mod:`wsym.sharpness.curvature` (``options`` are
+passed on, e.g. ``probes=`` or ``iters=``); they take positional (not dict) inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from wsym.errors import SymmetryWarning, WsymInputError, check_finite
+from wsym.group.spec import SymmetrySpec
+from wsym.models.calling import eval_mode
+from wsym.sharpness.curvature.objective import as_double, batch_size, call
+from wsym.sharpness.gauge import balanced
+from wsym.sharpness.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
+
+MEASURES = (
+    "euclidean",
+    "adaptive",
+    "geodesic-inv",
+    "geodesic-mix",
+    "hessian-trace",
+    "lambda-max",
+    "fisher",
+)
+
+
+def _scale(xi: Tangent, c) -> Tangent:
+    return list(torch._foreach_mul(xi, c))
+
+
+def _add(a: Tangent, b: Tangent, c=1.0) -> Tangent:
+    return list(torch._foreach_add(a, b, alpha=c))
+
+
+def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
+    n = float(geom.norm(xi))
+    return _scale(xi, rho / n) if n > rho else xi
+
+
+def _direction(geom, f, xi) -> tuple[float, Tangent]:
+    """Loss at ``xi`` and the unit-norm Riemannian ascent direction there."""
+    moved, pullback = geom.linearize(xi)
+    leaves = [moved[n].detach().requires_grad_(True) for n in geom.names]
+    value = f(dict(zip(geom.names, leaves, strict=True)))
+    grads = torch.autograd.grad(value, leaves, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
+    g = pullback(grads)
+    d = geom.gradient(g)
+    n = float(geom.gradient_norm(g, d))
+    d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
+    return float(value.detach()), [x.detach() for x in d]
+
+
+def worst_case(geom: Perturbation, f: Callable, rho: float, steps: int) -> float:
+    """Auto-PGD-like ascent of ``f(point(xi)) - f(theta)`` over ``||xi|| <= rho``."""
+    alpha, interval = 0.75, max(2, steps // 4)
+    zero = geom.zero()
+    base, d = _direction(geom, f, zero)
+    eta, best, best_val, successes = 2 * rho, zero, base, 0
+    prev, x = zero, zero
+    new = _project(geom, _add(x, d, eta), rho)
+    for k in range(steps):
+        val, d = _direction(geom, f, new)
+        if val > best_val:
+            best, best_val, successes = new, val, successes + 1
+        prev, x = x, new
+        z = _project(geom, _add(x, d, eta), rho)
+        new = _project(
+            geom, _add(_add(x, _add(z, x, -1.0), alpha), _add(x, prev, -1.0), 1 - alpha), rho
+        )
+        if (k + 1) % interval == 0:
+            if successes < 0.75 * interval:
+                eta, new, x = eta / 2, best, best
+            successes = 0
+    return best_val - base
+
+
+def average_case(
+    geom: Perturbation, fs: list[Callable], weights, rho: float, steps: int, seed: int
+) -> tuple[float, float]:
+    """Mean over ``steps`` antithetic pairs of random directions of norm ``rho``, and its error.
+
+    Each draw ``xi`` is evaluated at ``+xi`` and ``-xi`` (same directions for every
+    batch): the first-order term of the loss cancels in each pair, so the estimate is
+    the second-order change it is meant to be, not round-off of the gradient term.
+
+    Returns:
+        ``(mean, standard error of the mean over the pairs)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    dirs = []
+    for _ in range(steps):
+        xi = geom.random(gen)
+        dirs.append(_scale(xi, rho / max(float(geom.norm(xi)), 1e-300)))
+    pairs = torch.zeros(steps, dtype=torch.float64)
+    with torch.no_grad():
+        for f, w in zip(fs, weights, strict=True):
+            base = float(f(geom.params))
+            for k, xi in enumerate(dirs):
+                up, down = float(f(geom.point(xi))), float(f(geom.point(_scale(xi, -1.0))))
+                pairs[k] += w * (0.5 * (up + down) - base)
+    err = float(pairs.std() / math.sqrt(steps)) if steps > 1 else float("nan")
+    return float(pairs.mean()), err
+
+
+def _check(batches, measure, rho, steps) -> None:
+    if measure not in MEASURES:
+        raise WsymInputError(
+            f"unknown sharpness measure {measure!r}; use one of {', '.join(MEASURES)}"
+        )
+    if not isinstance(rho, int | float) or not math.isfinite(rho) or rho <= 0:
+        raise WsymInputError(f"rho must be a positive number, got {rho!r}; pass e.g. rho=0.05")
+    if not isinstance(steps, int) or steps < 1:
+        raise WsymInputError(f"steps must be a positive integer, got {steps!r}")
+    if not batches:
+        raise WsymInputError("batches is empty; pass a list of (inputs, targets)")
+
+
+def _curvature(measure, model64, batches64, loss_fn, seed, options) -> float:
+    from wsym.sharpness import curvature
+
+    fn = {
+        "hessian-trace": curvature.hessian_trace,
+        "lambda-max": curvature.lambda_max,
+        "fisher": curvature.fisher_riemannian_sharpness,
+    }[measure]
+    if measure == "fisher":
+        options = {"relative": True, **options}
+    return float(fn(model64, batches64, loss_fn, seed=seed, **options))
+
+
+def sharpness(
+    model: nn.Module,
+    batches: Sequence[tuple[Any, Any]],
+    loss_fn: Callable[[Any, Any], Tensor],
+    spec: SymmetrySpec | None = None,
+    measure: str = "geodesic-mix",
+    rho: float = 0.05,
+    average: bool = False,
+    seed: int = 0,
+    steps: int = 10,
+    with_error: bool = False,
+    **options,
+) -> float | Estimate:
+    r"""Sharpness of ``model`` on ``batches`` (see the module docstring for the measures).
+
+    Args:
+        model: the network; not modified (a float64 copy is evaluated in eval mode).
+        batches: list of ``(inputs, targets)``; inputs a tensor, tuple, or dict of kwargs.
+        loss_fn: ``loss_fn(outputs, targets)`` -> scalar, a mean over the batch.
+        spec: the model's symmetries; ``None`` detects them on the first inputs.
+        measure: one of :data:`MEASURES`.
+        rho: radius of the perturbation ball (> 0), in the measure's metric.
+        average: mean over random directions instead of the worst case.
+        seed: seeds the random directions (and curvature probes); same seed, same value.
+        steps: ascent steps (worst case) or antithetic pairs of random directions
+            (average case).
+        with_error: return an :class:`Estimate` (value and standard error; the
+            average case's error is over its antithetic pairs) instead of a float.
+        **options: passed to the :mod:`wsym.sharpness.curvature` function of curvature measures.
+
+    Returns:
+        The sharpness as a Python float.
+
+    Example:
+        >>> import torch, wsym
+        >>> from wsym.models.networks import MLP
+        >>> _ = torch.manual_seed(0)
+        >>> model, x = MLP(4, [3], 2), torch.randn(8, 4)
+        >>> loss = lambda out, y: ((out - y) ** 2).mean()
+        >>> s = sharpness(model, [(x, torch.zeros(8, 2))], loss, measure="adaptive", rho=0.1)
+        >>> s >= 0
+        True
+    """
+    batches = list(batches)
+    _check(batches, measure, rho, steps)
+    check_finite(model.state_dict())
+    model64 = copy.deepcopy(model).double()
+    batches64 = [(as_double(x), as_double(y)) for x, y in batches]
+    if measure in ("hessian-trace", "lambda-max", "fisher"):
+        if measure == "fisher":  # probes and sampled labels in canonical coordinates
+            options = {"spec": _spec_of(model, batches, spec), **options}
+        value = _curvature(measure, model64, batches64, loss_fn, seed, options)
+        return Estimate(value, 0.0) if with_error else value
+    if options:
+        raise WsymInputError(f"unknown options for {measure!r}: {', '.join(options)}")
+    if measure.startswith("geodesic"):
+        spec = _spec_of(model, batches, spec)
+        _move_to(model64, _base_point(spec, model64.state_dict(), average))
+    params = {n: p.detach() for n, p in model64.named_parameters() if p.requires_grad}
+    geom = _geometry(spec, measure, params)
+    fs = [_batch_loss(model64, loss_fn, x, y) for x, y in batches64]
+    sizes = [batch_size(x) for x, _ in batches64]
+    weights = [n / sum(sizes) for n in sizes]
+    with eval_mode(model64):
+        if average:
+            value, err = average_case(geom, fs, weights, rho, steps, seed)
+        else:
+            value = sum(
+                w * worst_case(geom, f, rho, steps) for f, w in zip(fs, weights, strict=True)
+            )
+            err = 0.0
+    return Estimate(float(value), err) if with_error else float(value)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A sharpness value and its standard error (0 for deterministic measures)."""
+
+    value: float
+    stderr: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.4g} +- {self.stderr:.2g}" if self.stderr else f"{self.value:.4g}"
+
+
+def _batch_loss(model64, loss_fn, inputs, targets) -> Callable:
+    return lambda params: loss_fn(call(model64, params, inputs), targets)
+
+
+def _spec_of(model, batches, spec: SymmetrySpec | None) -> SymmetrySpec:
+    from wsym.detect import spec_or_detect
+
+    return spec_or_detect(spec, model, batches[0][0], "wsym.sharpness")
+
+
+def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:
+    """Where the geodesic measures are evaluated: a point of the same orbit.
+
+    Worst case: the balanced point of the diagonal groups
+    (:func:`wsym.sharpness.gauge.balanced`), where the quotient metric is invariant to
+    the whole group. Average case: the canonical point (:func:`wsym.canonicalize`), so
+    that the random directions are drawn in canonical coordinates and transform with
+    every element, permutations and signs included.
+    """
+    if average:
+        from wsym.align.canonicalize import canonical_element
+
+        return canonical_element(state, spec)[0]
+    return balanced(spec, state)
+
+
+def _move_to(model64: nn.Module, state: dict) -> None:
+    """Load ``state`` (same function, another point of the orbit) into the float64 copy."""
+    with torch.no_grad():
+        for name, t in model64.state_dict(keep_vars=True).items():
+            if name in state and t.is_floating_point():
+                t.copy_(state[name])
+
+
+def _geometry(spec, measure, params) -> Perturbation:
+    if measure == "euclidean":
+        return Euclidean(params)
+    if measure == "adaptive":
+        return Adaptive(params)
+    metric = "invariant" if measure == "geodesic-inv" else "mixed"
+    geom = Geodesic(params, spec, metric)
+    if not geom.blocks and not geom.horizontal.active:
+        warnings.warn(
+            f"{measure}: the spec has no continuous group; the measure equals 'adaptive'",
+            SymmetryWarning,
+            stacklevel=3,
+        )
+    return geom
