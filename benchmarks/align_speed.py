@@ -30,7 +30,7 @@ time (what wsym must stay under to be 5x faster).
 coordinate descent visits the permutation classes: wsym with ``seed`` 0..N-1
 and rebasin with ``torch.manual_seed`` 0..N-1 (it visits them in
 ``torch.randperm`` order), train barrier (BatchNorm statistics reset on the
-train split at every point, as in the README's CNN row), least / median /
+train split at every point, as in the CNN row of docs/merging.md), least / median /
 largest over the orders.
 """
 
@@ -54,11 +54,8 @@ from alignment import bn_reset_curves, configs, has_batchnorm, rebasin_align  # 
 from alignment import trained_pair as shared_pair  # noqa: E402
 
 import wsym  # noqa: E402
-from wsym.align.alignment import (  # noqa: E402
-    CANON_TOL,
-    NO_PERMUTATION,
-    assignment,  # noqa: E402
-)
+from wsym.align import assignment  # noqa: E402
+from wsym.align.alignment import CANON_TOL, NO_PERMUTATION  # noqa: E402
 from wsym.align.canonicalize import canonical_element  # noqa: E402
 
 

@@ -16,8 +16,9 @@ from scipy.optimize import linear_sum_assignment
 from test_canon import double
 
 import wsym
-from wsym.align.alignment import NO_PERMUTATION, matching
-from wsym.align.alignment import canonicalize as canonical_forms
+from wsym.align import canonicalize as canonical_forms
+from wsym.align import matching
+from wsym.align.alignment import NO_PERMUTATION
 from wsym.align.assignment import MARGIN, assignment, diagonal_reduced, dominant_assignment, reduced
 from wsym.align.canonicalize import canonical_element
 from wsym.align.matching import plain_score, weight_matching

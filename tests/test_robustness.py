@@ -18,6 +18,10 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 
+# the grid's largest learning rates kill units, where GeoSAM's balancing says it stops early
+@pytest.mark.filterwarnings(
+    "ignore:the balancing of the diagonal groups:wsym.errors.SymmetryWarning"
+)
 @pytest.mark.parametrize("base", list(bench.GRID_BASES))
 @pytest.mark.parametrize("name", bench.GRID_OPTIMIZERS)
 @pytest.mark.parametrize("task", bench.GRID_TASKS)
