@@ -187,8 +187,11 @@ def _description(config: dict[str, Any], seed: int, members: int) -> dict[str, A
 
 
 def member_split(config: dict[str, Any], seed: int, member: int) -> str:
-    """The split of ``member`` in the zoo ``(config, seed)``: a held-out architecture's, else
-    ``train`` / ``val`` / ``test`` drawn from ``(seed, member)`` by the preset's fractions."""
+    """The split of ``member`` in the zoo ``(config, seed)``.
+
+    A held-out architecture's member is in :data:`~wsym.zoo.heldout.HELDOUT_SPLIT`; the
+    others in ``train`` / ``val`` / ``test``, drawn from ``(seed, member)`` by the fractions.
+    """
     if heldout.is_heldout(config, member):
         return heldout.HELDOUT_SPLIT
     fractions = config["member_splits"]

@@ -1,4 +1,4 @@
-"""Architectures of the park zoo (``mnist1d-park``) beside the MLP: a deep 1-D CNN, a patch transformer.
+"""The park zoo's (``mnist1d-park``) CNN and transformer families, beside its MLPs.
 
 Both take mnist1d signals ``(B, 40)`` as the MLP does, so the three families of
 the park train on one dataset.
