@@ -7,36 +7,27 @@ import json
 import math
 
 import pytest
-import torch
 
 pytest.importorskip("torch_geometric")
 
+import wsym.zoo
 from wsym.cli import main as cli
 from wsym.cli import metanet as cli_metanet
-from wsym.metanet.population import load_population, save_population, train_population
-from wsym.reference import MLP
 
-
-def _factory():
-    return MLP(64, [8], 10)
+# short schedules of several lengths on small subsets: a spread of gaps in seconds
+SHORT = {"hyperparameters": {"epochs": {"int_uniform": [1, 4]}, "train_fraction": 0.1}}
 
 
 @pytest.fixture(scope="module")
-def pop(tmp_path_factory):
-    torch.set_num_threads(1)
-    p = train_population(
-        _factory, "digits", 16, epochs=(1, 3), train_sizes=(50, 1000), flatten=True
-    )
-    d = tmp_path_factory.mktemp("pop")
-    save_population(p, d)
-    return load_population(d, _factory), d
+def zoo_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zoo") / "mlp"
+    wsym.zoo.build("mnist1d-mlp", members=30, out=out, seed=3, progress=False, overrides=SHORT)
+    return str(out)
 
 
-def test_eval_announces_its_estimate_and_its_json_stays_parseable(pop, monkeypatch, capsys):
-    p, d = pop
-    monkeypatch.setattr(cli_metanet, "open_zoo", lambda path: p)
+def test_eval_announces_its_estimate_and_its_json_stays_parseable(zoo_dir, monkeypatch, capsys):
     monkeypatch.setattr(cli_metanet, "ANNOUNCE_SECONDS", 0.0)  # announce even this short run
-    args = ["metanet", "eval", "--zoo", str(d), "--seeds", "2", "--epochs", "2", "--json"]
+    args = ["metanet", "eval", "--zoo", zoo_dir, "--seeds", "2", "--epochs", "2", "--json"]
     assert cli.main([*args, "--predictors", "metanet,statnn"]) == 0
     out, err = capsys.readouterr()
     report = json.loads(out)  # stdout holds the JSON only
@@ -51,12 +42,10 @@ def test_eval_announces_its_estimate_and_its_json_stays_parseable(pop, monkeypat
 
 
 def test_a_short_run_says_nothing_beforehand_and_train_reports_its_stages(
-    pop, tmp_path, monkeypatch, capsys
+    zoo_dir, tmp_path, capsys
 ):
-    p, d = pop
-    monkeypatch.setattr(cli_metanet, "open_zoo", lambda path: p)
     out = tmp_path / "m.safetensors"
-    args = ["metanet", "train", "--zoo", str(d), "--out", str(out), "--epochs", "3"]
+    args = ["metanet", "train", "--zoo", zoo_dir, "--out", str(out), "--epochs", "3"]
     assert cli.main([*args, "--patience", "3"]) == 0
     stdout, err = capsys.readouterr()
     assert "estimated" not in err  # seconds, not minutes
