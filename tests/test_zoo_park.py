@@ -67,6 +67,18 @@ def test_a_heldout_entry_of_a_missing_family_is_refused(tmp_path):
         wsym.zoo.build(PARK, members=6, out=tmp_path, progress=False, overrides=overrides)
 
 
+@pytest.mark.parametrize(
+    ("blocks", "message"),
+    [
+        ({"keys": ["family", "depth", "colour"]}, "colour, which are not hyperparameters"),
+        ({"size": 0}, "must be positive"),
+    ],
+)
+def test_a_bad_architecture_blocks_entry_is_refused(blocks, message):
+    with pytest.raises(WsymInputError, match=message):
+        load_preset(PARK, {"architecture_blocks": blocks})
+
+
 def _park_architectures():
     """Every structural variant of the park at its smallest widths, and the held-out ones."""
     preset = load_preset(PARK)

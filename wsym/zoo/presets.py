@@ -196,8 +196,30 @@ def _validate(preset: dict[str, Any], path: Path) -> None:
         )
     if int(preset["shard_size"]) < 1:
         raise WsymInputError(f"zoo preset {path}: shard_size must be positive")
+    _validate_blocks(preset, path)
     for key, prior in preset["hyperparameters"].items():
         if isinstance(prior, dict) and "by" not in prior:
             kind = next(iter(prior), None)
             if kind not in ("choice", "uniform", "log_uniform", "int_uniform"):
                 raise WsymInputError(f"zoo preset {path}: {key} has unknown prior {kind!r}")
+
+
+def _validate_blocks(preset: dict[str, Any], path: Path) -> None:
+    blocks = preset.get("architecture_blocks")
+    if blocks is None:
+        return
+    missing = [k for k in ("size", "keys", "cycle", "heldout_every", "heldout") if k not in blocks]
+    if missing:
+        raise WsymInputError(
+            f"zoo preset {path}: architecture_blocks lacks {', '.join(missing)}; add them"
+        )
+    unknown = [k for k in [*blocks["keys"], blocks["cycle"]] if k not in preset["hyperparameters"]]
+    if unknown:
+        raise WsymInputError(
+            f"zoo preset {path}: architecture_blocks names {', '.join(unknown)}, which are not "
+            "hyperparameters; add their priors or drop them"
+        )
+    if int(blocks["size"]) < 1 or int(blocks["heldout_every"]) < 1:
+        raise WsymInputError(
+            f"zoo preset {path}: architecture_blocks size and heldout_every must be positive"
+        )
