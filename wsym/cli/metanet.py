@@ -188,10 +188,11 @@ def estimate_seconds(
     building per member (every member, once), the graph branch per training graph and
     epoch (validation included; ``epochs`` epochs per seed: early stopping only
     shortens it), the statistics branch per epoch (full-batch, so about constant in
-    the number of members; 300 epochs unless ``stat_epochs`` is given). Other
+    the number of members; :class:`~wsym.metanet.fit.FitConfig`'s ``stat_epochs``). Other
     predictors are not estimated (``"baselines": nan`` when there are any).
     """
     from wsym.metanet import fit
+    from wsym.metanet.fit import FitConfig
 
     gap = {r["id"]: float(r["gap"]) for r in zoo.table}
     few = ids["train"][:_CALIBRATION_MEMBERS]
@@ -213,7 +214,7 @@ def estimate_seconds(
         "graph building": rep["graph_seconds"] / len(few) * members,
     }
     if "metanet" in predictors:
-        stat_epochs = options.get("stat_epochs", 300)
+        stat_epochs = options.get("stat_epochs", FitConfig().stat_epochs)
         estimate["metanet"] = seeds * (
             options["epochs"] * len(ids["train"]) * per_graph + stat_epochs * per_stat_epoch
         )
