@@ -32,7 +32,8 @@ def test_eval_announces_its_estimate_and_its_json_stays_parseable(zoo_dir, monke
     out, err = capsys.readouterr()
     report = json.loads(out)  # stdout holds the JSON only
     assert "estimated to take up to" in err and "baselines not estimated" in err
-    assert "metanet eval" in err and "4/4 fits" in err  # the progress bar, on stderr
+    assert "4/4 fits" in err  # the progress bar, on stderr: per fit, per seed and epoch
+    assert "metanet eval: statnn seed 1" in err and "metanet seed 1 epoch 2/2 val tau" in err
     timing = report["timing"]
     stages = {"metanet: graphs and scoring", "metanet: statistics branch", "metanet: graph branch"}
     assert stages | {"statnn", "detect and load", "total"} == set(timing)
@@ -49,7 +50,7 @@ def test_a_short_run_says_nothing_beforehand_and_train_reports_its_stages(
     assert cli.main([*args, "--patience", "3"]) == 0
     stdout, err = capsys.readouterr()
     assert "estimated" not in err  # seconds, not minutes
-    assert "metanet train" in err and "epochs" in err
+    assert "metanet train: val tau" in err and "3/3 epochs" in err
     assert "time: graph building" in stdout and "graph branch" in stdout
 
 

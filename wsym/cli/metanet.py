@@ -175,7 +175,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _advance(bar: Any, epoch: int, tau: float) -> None:
     bar.update(epoch - bar.n)
-    bar.set_postfix_str(f"val tau {tau:.3f}")
+    bar.set_description_str(f"metanet train: val tau {tau:.3f}")
 
 
 def estimate_seconds(

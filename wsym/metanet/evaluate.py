@@ -120,7 +120,7 @@ def evaluate(
         taus, r2s, preds, start = [], [], [], time.perf_counter()
         try:
             for seed in runs[name]:
-                bar.set_postfix_str(f"{name} seed {seed}")
+                bar.set_description_str(f"metanet eval: {name} seed {seed}")
                 hook = _epoch_hook(bar, name, seed) if name == "metanet" else None
                 p = make_predictor(name, spec, zoo, {**metanet_options, "on_epoch": hook})
                 p.fit(sds["train"], ys["train"], sds["val"], ys["val"], seed=seed)
@@ -158,10 +158,12 @@ def evaluate(
 
 
 def _epoch_hook(bar, name: str, seed: int):
-    """``on_epoch`` of :func:`wsym.metanet.fit`: the epoch and validation tau on the bar."""
+    """``on_epoch`` of :func:`wsym.metanet.fit`: the epoch and validation tau in the bar's label."""
 
     def hook(epoch: int, epochs: int, tau: float) -> None:
-        bar.set_postfix_str(f"{name} seed {seed} epoch {epoch}/{epochs} val tau {tau:.3f}")
+        bar.set_description_str(
+            f"metanet eval: {name} seed {seed} epoch {epoch}/{epochs} val tau {tau:.3f}"
+        )
 
     return hook
 
