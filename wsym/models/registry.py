@@ -32,13 +32,23 @@ import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
-from wsym.models import networks
+from wsym.models import networks, park
 
-#: Models that ship with wsym, built by ``wsym:NAME``; values are ``fn(**config)``.
-BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
+#: The architectures that ship with wsym, by name: a zoo member's config
+#: ``{"name": NAME, **kwargs}`` builds one; values are ``fn(**config)``.
+ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "mlp": networks.MLP,
-    "cnn": networks.ResidualCNN,
+    "cnn1d": networks.CNN1d,
+    "residual_cnn": networks.ResidualCNN,
     "transformer": networks.TinyTransformer,
+    "diagonal": networks.DiagonalLinear,
+    "park_cnn1d": park.ParkCNN1d,
+    "patch_transformer": park.PatchTransformer,
+}
+#: What ``wsym:NAME`` builds: every shipped architecture, and ``cnn`` for ``residual_cnn``.
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
+    **ARCHITECTURES,
+    "cnn": networks.ResidualCNN,
 }
 #: Optional example-input makers for builtins: ``fn(shape, dtype, generator) -> inputs``.
 #: A builtin without one gets ``torch.randn(shape)``.

@@ -1,11 +1,14 @@
 """Architecture factories of zoo members: a config dict -> a fresh ``nn.Module``.
 
+The names are those of the one registry, :data:`wsym.models.registry.ARCHITECTURES`:
 ``{"name": "mlp", "widths": [32, 32], ...}`` builds :class:`wsym.models.networks.MLP`
 with the remaining keys as keyword arguments; likewise ``cnn1d``
 (:class:`~wsym.models.networks.CNN1d`), ``residual_cnn``
 (:class:`~wsym.models.networks.ResidualCNN`, 2-D, with BatchNorm), ``transformer``
-(:class:`~wsym.models.networks.TinyTransformer`) and ``diagonal``
-(:class:`~wsym.models.networks.DiagonalLinear`). A member's stored state dict has
+(:class:`~wsym.models.networks.TinyTransformer`), ``diagonal``
+(:class:`~wsym.models.networks.DiagonalLinear`), and the park's ``park_cnn1d``
+(:class:`~wsym.models.park.ParkCNN1d`) and ``patch_transformer``
+(:class:`~wsym.models.park.PatchTransformer`). A member's stored state dict has
 exactly the keys of the module built here, so ``model.load_state_dict(sd)`` works.
 
 Example:
@@ -19,22 +22,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
-from wsym.models import networks
+from wsym.models.registry import ARCHITECTURES
 
-ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
-    "mlp": networks.MLP,
-    "cnn1d": networks.CNN1d,
-    "residual_cnn": networks.ResidualCNN,
-    "transformer": networks.TinyTransformer,
-    "diagonal": networks.DiagonalLinear,
-}
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
