@@ -134,7 +134,7 @@ class Predictor:
 
 
 def load(path: str | os.PathLike) -> Predictor:
-    """Read a :class:`Predictor` written by :meth:`Predictor.save`.
+    """Read a :class:`Predictor` written by :meth:`Predictor.save` (or a park predictor).
 
     Raises:
         WsymInputError: missing file, or not a wsym meta-network file.
@@ -153,6 +153,10 @@ def load(path: str | os.PathLike) -> Predictor:
             f"{path} is a safetensors file but not a wsym meta-network (no {META_KEY!r} metadata)"
         )
     config = json.loads(meta)
+    if config.get("format") == "park-1":  # one network for many architectures
+        from wsym.metanet.park import from_config
+
+        return from_config(config, tensors)
     spec = SymmetrySpec.from_json(config.pop("spec"))
     config.pop("signature", None)
     if config.pop("format", None) != FORMAT:

@@ -1,0 +1,145 @@
+r"""Training one :class:`~wsym.metanet.park.ParkNet` on a mixed list of architectures.
+
+The same two stages as :func:`wsym.metanet.fit` (whose training loops this
+reuses), on :class:`~wsym.metanet.universal.UniversalSchema` graphs: the
+statistics branch on the bucketed statistics, then the graph branch on its
+residual (``branches="both"``; kept only where it raises the validation
+Kendall tau), or one branch alone (``"stats"``, ``"graph"``). Targets are
+standardized (``target_transform="standard"``) or first mapped to their
+normal scores (``"rank"``: the rank-based inverse normal transform, robust
+to the heavy tails of generalization gaps across architectures; predictions
+are then monotone in the targets' ranks, which is what Kendall tau reads).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from wsym.errors import WsymInputError
+from wsym.metanet.fit import FitConfig, _train, _train_statistics
+from wsym.metanet.graph import batch_graphs
+from wsym.metanet.park import ParkPredictor, network_of
+
+
+def normal_scores(y: torch.Tensor) -> torch.Tensor:
+    """Columnwise :math:`\\Phi^{-1}((r - 1/2) / n)` of the ranks ``r`` (ties: average).
+
+    Example:
+        >>> normal_scores(torch.tensor([[3.0], [1.0], [2.0]]))[:, 0].round(decimals=3).tolist()
+        [0.967, -0.967, 0.0]
+    """
+    from scipy.stats import rankdata
+
+    r = torch.as_tensor(rankdata(y.numpy(), axis=0), dtype=torch.float64)
+    return torch.special.ndtri((r - 0.5) / len(y))
+
+
+def fit_park(
+    members: list,
+    targets,
+    *,
+    validation: tuple[list, object] | None = None,
+    example_inputs=None,
+    target_names: tuple[str, ...] = ("gap",),
+    seed: int = 0,
+    branches: str = "both",
+    target_transform: str = "standard",
+    predictor: ParkPredictor | None = None,
+    graphs=None,
+    val_graphs=None,
+    config: FitConfig | None = None,
+    **options,
+) -> ParkPredictor:
+    """Train one meta-network on ``members`` of any architectures.
+
+    Args:
+        members: ``(model, state_dict)`` / ``(spec, state_dict)`` pairs, mixed architectures.
+        targets: ``(n,)`` or ``(n, k)``; the first column drives early stopping.
+        validation: ``(members, targets)`` for early stopping (default: a seeded
+            ``config.val_fraction`` of ``members``).
+        example_inputs: inputs (or ``model -> inputs``) to detect new architectures on.
+        branches: ``"both"``, ``"stats"`` or ``"graph"``.
+        target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
+        predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
+        graphs, val_graphs: prepared universal graphs of the members (skips preparation).
+        config, **options: :class:`~wsym.metanet.fit.FitConfig` and field overrides.
+    """
+    c = FitConfig.of(config, options)
+    if target_transform not in ("standard", "rank"):
+        raise WsymInputError(f"target_transform is 'standard' or 'rank', got {target_transform!r}")
+    y = torch.as_tensor(targets, dtype=torch.float64)
+    y = y[:, None] if y.ndim == 1 else y
+    if len(y) != len(members) or len(members) < 2:
+        raise WsymInputError(
+            f"need one target per member and at least 2 of them, got {len(members)} members "
+            f"and {len(y)} targets"
+        )
+    meta = {
+        "targets": list(target_names)[: y.shape[1]] or [f"y{i}" for i in range(y.shape[1])],
+        "hidden": c.hidden,
+        "layers": c.layers,
+        "stat_hidden": c.stat_hidden,
+        "members": c.members,
+        "branches": branches,
+        "target_transform": target_transform,
+    }
+    torch.manual_seed(seed)
+    net = network_of(meta, y.shape[1])
+    p = ParkPredictor(net, predictor.specs if predictor else {}, meta, example_inputs)
+    graphs = p.graphs(members) if graphs is None else list(graphs)
+    if validation is None:
+        order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
+        n_val = max(1, int(round(c.val_fraction * len(graphs))))
+        val_idx, tr_idx = order[:n_val].tolist(), order[n_val:].tolist()
+        val_graphs, y_val = [graphs[i] for i in val_idx], y[val_idx]
+        graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
+    else:
+        val_graphs = p.graphs(validation[0]) if val_graphs is None else list(val_graphs)
+        y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
+    # rank: train on normal scores, report in standardized units of those scores
+    z = normal_scores(y) if target_transform == "rank" else y
+    mean, std = z.mean(0), z.std(0).clamp(min=1e-12)
+    meta.update(target_mean=mean.tolist(), target_std=std.tolist())
+    z = (z - mean) / std
+    whole = batch_graphs(graphs)
+    net.fit_inputs(whole)
+    start = time.perf_counter()
+    stat_tau = float("nan")
+    if branches != "graph":
+        # validation targets on the training scale only matter for ranking (tau)
+        z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
+        stat_tau, _ = _train_statistics(
+            net.stats,
+            whole.stat_x,
+            z.float(),
+            batch_graphs(val_graphs).stat_x,
+            z_val,
+            epochs=c.stat_epochs,
+            patience=c.stat_patience,
+            lr=c.stat_lr,
+            seed=seed,
+        )
+    stat_seconds = time.perf_counter() - start
+    nn.init.zeros_(net.head[-1].weight)
+    nn.init.zeros_(net.head[-1].bias)
+    net.stats.requires_grad_(False)
+    report = _train(
+        p,
+        graphs,
+        z,
+        val_graphs,
+        y_val,
+        epochs=c.epochs if branches != "stats" else 0,
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        batch_size=c.batch_size,
+        rank_weight=c.rank_weight,
+        patience=c.patience,
+        seed=seed,
+    )
+    report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
+    meta["report"] = report
+    return p
