@@ -16,10 +16,13 @@ validation tau, as :func:`wsym.metanet.fit`), ``"stats"`` or ``"graph"``.
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
 ``model -> inputs``), ``(spec, state_dict)`` pairs, or bare state dicts of an
-architecture the predictor already knows (matched by tensor names and shapes).
+architecture the predictor already knows (matched by tensor names and shapes;
+where several known architectures share them, e.g. MLPs differing only in
+the activation, :meth:`ParkPredictor.predict` averages over those).
 
 Example:
     >>> import torch
+    >>> from wsym.metanet.park_fit import fit_park
     >>> from wsym.reference import MLP
     >>> ms = [(MLP(3, [w], 2), None) for w in (4, 5) for _ in range(4)]
     >>> ms = [(m, m.state_dict()) for m, _ in ms]
@@ -55,7 +58,8 @@ from wsym.metanet.universal import (
     NODE_WIDTH,
     STAT_WIDTH,
     UniversalSchema,
-    check_known,
+    matching,
+    signature_of,
 )
 
 PARK_FORMAT = "park-1"
@@ -126,8 +130,8 @@ class ParkNet(nn.Module):
         return self.head(torch.cat(pooled, dim=1))
 
 
-def _signature_key(spec: SymmetrySpec) -> str:
-    return json.dumps(UniversalSchema.from_spec(spec).signature)
+def _spec_key(spec: SymmetrySpec) -> str:
+    return spec.to_json()
 
 
 class ParkPredictor:
@@ -142,6 +146,7 @@ class ParkPredictor:
     def __init__(self, net: ParkNet, specs: dict, config: dict, example_inputs=None):
         self.net, self.config, self.example_inputs = net, config, example_inputs
         self.schemas = {k: UniversalSchema.from_spec(s) for k, s in specs.items()}
+        self._detected: dict[tuple, str] = {}  # module class and tensors -> spec key
         self.net.eval()
 
     @property
@@ -150,14 +155,19 @@ class ParkPredictor:
 
     def add_architecture(self, spec: SymmetrySpec) -> UniversalSchema:
         """Know ``spec``'s architecture (bare state dicts of it are then accepted)."""
-        key = _signature_key(spec)
-        if key not in self.schemas:
+        key = _spec_key(spec)
+        if key not in self.schemas:  # same tensors, other symmetries (activation): both kept
             self.schemas[key] = UniversalSchema.from_spec(spec)
         return self.schemas[key]
 
-    def _schema(self, member, i: int) -> tuple[UniversalSchema, dict]:
+    def _schemas(self, member, i: int) -> tuple[list[UniversalSchema], dict]:
+        """The schemas ``member`` may be of, and its state dict.
+
+        Several for a bare state dict whose tensors two known architectures share
+        (e.g. MLPs that differ in the activation).
+        """
         if isinstance(member, dict):
-            return check_known(self.schemas, member, i), member
+            return matching(self.schemas, member, i), member
         if not isinstance(member, (tuple, list)) or len(member) != 2:
             raise WsymInputError(
                 f"member {i} is a {type(member).__name__}; pass (model, state_dict), "
@@ -165,36 +175,49 @@ class ParkPredictor:
             )
         head, sd = member
         if isinstance(head, SymmetrySpec):
-            return self.add_architecture(head), sd
-        if isinstance(head, nn.Module):
-            try:
-                return check_known(self.schemas, sd, i), sd
-            except WsymInputError:
-                pass
+            return [self.add_architecture(head)], sd
+        if not isinstance(head, nn.Module):
+            raise WsymInputError(
+                f"member {i} pairs a {type(head).__name__} with its state dict; "
+                "use an nn.Module or a SymmetrySpec"
+            )
+        key = self._detected.get(_module_key(head, sd))
+        if key is None:
             x = self.example_inputs
             if x is None:
                 raise WsymInputError(
                     f"member {i}: a new architecture ({type(head).__name__}) needs "
                     "example_inputs to detect its symmetries"
-                ) from None
-            return self.add_architecture(detect(head, x(head) if callable(x) else x)), sd
-        raise WsymInputError(
-            f"member {i} pairs a {type(head).__name__} with its state dict; "
-            "use an nn.Module or a SymmetrySpec"
-        )
+                )
+            spec = detect(head, x(head) if callable(x) else x)
+            key = self._detected[_module_key(head, sd)] = _spec_key(spec)
+            self.add_architecture(spec)
+        return [self.schemas[key]], sd
+
+    def _graph(self, schema: UniversalSchema, sd: dict, i: int, canonical: bool):
+        try:
+            schema.check(sd)
+        except WsymInputError as err:
+            raise WsymInputError(f"state dict {i}: {err}") from None
+        check_finite(sd, f"state dict {i}")
+        return schema.graph(invariant_form(sd, schema.spec) if canonical else _float64(sd))
 
     def graphs(self, members: list, canonical: bool = True) -> list:
-        """Universal graphs of ``members`` (invariant forms unless ``canonical=False``)."""
+        """Universal graphs of ``members`` (invariant forms unless ``canonical=False``).
+
+        Raises:
+            WsymInputError: unknown architecture, NaN weights, or a bare state dict
+                that fits several known architectures (pass it with its model).
+        """
         out = []
         for i, m in enumerate(members):
-            schema, sd = self._schema(m, i)
-            try:
-                schema.check(sd)
-            except WsymInputError as err:
-                raise WsymInputError(f"state dict {i}: {err}") from None
-            check_finite(sd, f"state dict {i}")
-            form = invariant_form(sd, schema.spec) if canonical else _float64(sd)
-            out.append(schema.graph(form))
+            schemas, sd = self._schemas(m, i)
+            if len(schemas) > 1:
+                raise WsymInputError(
+                    f"state dict {i} fits {len(schemas)} known architectures (same tensors, "
+                    "other symmetries); pass it as (model, state_dict)"
+                )
+            out.append(self._graph(schemas[0], sd, i, canonical))
         return out
 
     @torch.no_grad()
@@ -217,7 +240,15 @@ class ParkPredictor:
         single = isinstance(members, dict) or (
             isinstance(members, tuple) and len(members) == 2 and isinstance(members[1], dict)
         )
-        y = self.predict_graphs(self.graphs([members] if single else list(members)))
+        owner, graphs = [], []
+        for i, m in enumerate([members] if single else list(members)):
+            schemas, sd = self._schemas(m, i)
+            owner += [i] * len(schemas)
+            graphs += [self._graph(s, sd, i, True) for s in schemas]
+        y = self.predict_graphs(graphs)
+        if len(graphs) > len(set(owner)):  # ambiguous bare state dicts: the mean over candidates
+            index = torch.tensor(owner)
+            y = scatter(y, index, 0, dim_size=int(index.max()) + 1, reduce="mean")
         return y[0] if single else y
 
     def double(self) -> ParkPredictor:
@@ -251,7 +282,7 @@ def from_config(config: dict, tensors: dict) -> ParkPredictor:
     config.pop("format", None)
     net = network_of(config, len(config["targets"]))
     net.load_state_dict(tensors)
-    return ParkPredictor(net, {_signature_key(s): s for s in specs}, config)
+    return ParkPredictor(net, {_spec_key(s): s for s in specs}, config)
 
 
 def network_of(config: dict, outputs: int) -> ParkNet:
@@ -264,6 +295,11 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config["members"],
         config["branches"],
     )
+
+
+def _module_key(model: nn.Module, sd: dict) -> tuple:
+    """What identifies an architecture for detection caching: the class, its repr, the shapes."""
+    return (type(model).__qualname__, repr(model), tuple(sorted(signature_of(sd).items())))
 
 
 def _float64(sd: dict) -> dict:

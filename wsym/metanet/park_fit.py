@@ -25,7 +25,7 @@ from wsym.metanet.park import ParkPredictor, network_of
 
 
 def normal_scores(y: torch.Tensor) -> torch.Tensor:
-    """Columnwise :math:`\\Phi^{-1}((r - 1/2) / n)` of the ranks ``r`` (ties: average).
+    r"""Columnwise :math:`\Phi^{-1}((r - 1/2) / n)` of the ranks ``r`` (ties: average).
 
     Example:
         >>> normal_scores(torch.tensor([[3.0], [1.0], [2.0]]))[:, 0].round(decimals=3).tolist()
@@ -38,7 +38,7 @@ def normal_scores(y: torch.Tensor) -> torch.Tensor:
 
 
 def fit_park(
-    members: list,
+    checkpoints: list,
     targets,
     *,
     validation: tuple[list, object] | None = None,
@@ -53,29 +53,33 @@ def fit_park(
     config: FitConfig | None = None,
     **options,
 ) -> ParkPredictor:
-    """Train one meta-network on ``members`` of any architectures.
+    """Train one meta-network on ``checkpoints`` of any architectures.
 
     Args:
-        members: ``(model, state_dict)`` / ``(spec, state_dict)`` pairs, mixed architectures.
+        checkpoints: ``(model, state_dict)`` / ``(spec, state_dict)`` pairs, mixed architectures.
         targets: ``(n,)`` or ``(n, k)``; the first column drives early stopping.
-        validation: ``(members, targets)`` for early stopping (default: a seeded
-            ``config.val_fraction`` of ``members``).
+        validation: ``(checkpoints, targets)`` for early stopping (default: a seeded
+            ``config.val_fraction`` of ``checkpoints``).
         example_inputs: inputs (or ``model -> inputs``) to detect new architectures on.
+        target_names: names of the target columns (stored with the predictor).
+        seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
-        graphs, val_graphs: prepared universal graphs of the members (skips preparation).
-        config, **options: :class:`~wsym.metanet.fit.FitConfig` and field overrides.
+        graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
+        val_graphs: the same for ``validation[0]``.
+        config: the hyperparameters (:class:`~wsym.metanet.fit.FitConfig`).
+        **options: fields of :class:`~wsym.metanet.fit.FitConfig` replacing those of ``config``.
     """
     c = FitConfig.of(config, options)
     if target_transform not in ("standard", "rank"):
         raise WsymInputError(f"target_transform is 'standard' or 'rank', got {target_transform!r}")
     y = torch.as_tensor(targets, dtype=torch.float64)
     y = y[:, None] if y.ndim == 1 else y
-    if len(y) != len(members) or len(members) < 2:
+    if len(y) != len(checkpoints) or len(checkpoints) < 2:
         raise WsymInputError(
-            f"need one target per member and at least 2 of them, got {len(members)} members "
-            f"and {len(y)} targets"
+            f"need one target per checkpoint and at least 2 of them, got {len(checkpoints)} "
+            f"checkpoints and {len(y)} targets"
         )
     meta = {
         "targets": list(target_names)[: y.shape[1]] or [f"y{i}" for i in range(y.shape[1])],
@@ -89,7 +93,7 @@ def fit_park(
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
     p = ParkPredictor(net, predictor.specs if predictor else {}, meta, example_inputs)
-    graphs = p.graphs(members) if graphs is None else list(graphs)
+    graphs = p.graphs(checkpoints) if graphs is None else list(graphs)
     if validation is None:
         order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
         n_val = max(1, int(round(c.val_fraction * len(graphs))))

@@ -117,12 +117,14 @@ class UniversalSchema:
     Attributes:
         spec, base: the spec and its :class:`~wsym.metanet.graph.GraphSchema`.
         signature: ``((name, shape), ...)`` of every tensor the graph reads.
+        layout_signature: ``{name: shape}`` of every tensor of the spec (to match state dicts).
     """
 
     def __init__(self, spec: SymmetrySpec):
         base = GraphSchema.from_spec(spec)
         self.spec, self.base = spec, base
         self.signature = tuple((p.name, tuple(p.shape)) for p in base.plans)
+        self.layout_signature = {n: tuple(t.size for t in dims) for n, dims in spec.layouts}
         permuted = base.permuted
         atoms = list(base.nodes)
         class_permuted: dict[int, bool] = {}
@@ -192,7 +194,7 @@ class UniversalSchema:
             return "buffer"
         return "kernel" if plan.width > 1 else "parameter"
 
-    def graph(self, state_dict: dict) -> Data:
+    def graph(self, state_dict: dict) -> WeightData:
         """The role-featured graph of one state dict (invariant form expected; float64)."""
         base = self.base
         edges, ex, er, anode, ax, ar = [], [], [], [], [], []
@@ -213,7 +215,11 @@ class UniversalSchema:
             elif p.kind == "node":
                 ids = base.axis_nodes[(p.name, p.node_axes[0])]
                 anode.append(ids)
-                ax.append(torch.cat([kernel_statistics(f.reshape(len(ids), -1)), pos.expand(len(ids), 1)], 1))
+                ax.append(
+                    torch.cat(
+                        [kernel_statistics(f.reshape(len(ids), -1)), pos.expand(len(ids), 1)], 1
+                    )
+                )
                 ar.append(torch.full((len(ids),), ATTR_ROLES.index(role)))
                 stat_role = {"buffer": "buffer", "kernel": "conv"}.get(role, "vector")
             else:
@@ -327,19 +333,23 @@ def _gl_products(spec: SymmetrySpec, base: GraphSchema, order: dict) -> list[_Pr
     return out
 
 
-def check_known(schemas: dict, state_dict: dict, i: int):
-    """The schema whose signature ``state_dict`` has, or a one-line :class:`WsymInputError`."""
+def matching(schemas: dict, state_dict: dict, i: int) -> list:
+    """The known schemas ``state_dict`` fits (names and shapes), or a one-line error."""
     sig = signature_of(state_dict)
-    for s in schemas.values():
-        if all(sig.get(n) == shape for n, shape in s.signature):
-            return s
-    raise WsymInputError(
-        f"state dict {i} is of an architecture this meta-network does not know "
-        f"({len(sig)} tensors, first {next(iter(sig), '-')!r}); pass it with its model, "
-        "(model, state_dict), or retrain the meta-network with that architecture"
-    )
+    found = [s for s in schemas.values() if s.layout_signature == sig]
+    if not found:
+        raise WsymInputError(
+            f"state dict {i} is of an architecture this meta-network does not know "
+            f"({len(sig)} floating tensors, first {next(iter(sig), '-')!r}); pass it with its "
+            "model, (model, state_dict), or retrain the meta-network with that architecture"
+        )
+    return found
 
 
 def signature_of(state_dict: dict) -> dict:
     """``{name: shape}`` of the floating tensors of ``state_dict``."""
-    return {k: tuple(v.shape) for k, v in state_dict.items() if torch.is_tensor(v)}
+    return {
+        k: tuple(v.shape)
+        for k, v in state_dict.items()
+        if torch.is_tensor(v) and v.is_floating_point()
+    }
