@@ -130,8 +130,15 @@ class ParkNet(nn.Module):
         return self.head(torch.cat(pooled, dim=1))
 
 
+_KEYS: dict[int, tuple[SymmetrySpec, str]] = {}
+
+
 def _spec_key(spec: SymmetrySpec) -> str:
-    return spec.to_json()
+    """The spec's JSON (memoized per spec object: it is immutable)."""
+    got = _KEYS.get(id(spec))
+    if got is None or got[0] is not spec:
+        got = _KEYS[id(spec)] = (spec, spec.to_json())
+    return got[1]
 
 
 class ParkPredictor:

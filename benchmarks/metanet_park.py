@@ -1,0 +1,262 @@
+"""One meta-network for a park of architectures, against the baselines, in one run.
+
+    python benchmarks/metanet_park.py --zoo data/zoos/mnist1d-park
+    python benchmarks/metanet_park.py --zoo data/zoos/mnist1d-mlp+data/zoos/mnist1d-cnn
+    python benchmarks/metanet_park.py --zoo data/zoos/mnist1d-mlp --quick
+
+``--zoo`` takes one zoo or several joined by ``+`` (their members pooled into
+one park, each keeping its own split); several ``--zoo`` are evaluated one
+after the other. Members of split ``test_arch`` (the park's held-out
+architectures) are the *held-out architecture* test set; ``test`` the held-out
+members. For each target (test accuracy, gap) and seed every predictor is
+fitted on ``train`` (``val`` for early stopping) and scored by Kendall tau:
+
+* wsym park metanet: both branches, the statistics branch alone (the same fit,
+  its graph branch switched off), the graph branch alone (its own fit);
+* NG-GNN-style graph network on raw weights (same message passing, no
+  invariant forms, no attention products);
+* StatNN on per-layer statistics padded to the deepest architecture, on raw and
+  on canonical weights;
+* per-architecture wsym meta-networks (none for held-out architectures).
+
+Also printed: the prediction change under a random element of each member's
+whole group (one test member per family), fit seconds, graphs/s.
+``--quick``: at most 160/40/80 members, 2 seeds, fewer epochs (a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+import torch
+
+from wsym.detect import detect
+from wsym.metanet.metrics import kendall_tau
+from wsym.metanet.park_baselines import LayerStatNN, ParkMetanet, PerArchitecture
+from wsym.zoo import load
+
+TARGETS = ("test_acc", "gap")
+SPLITS = ("train", "val", "test", "test_arch")
+
+
+def read_park(paths: str, quick: bool):
+    """``{split: [(spec, sd, family)]}`` and targets, from zoos joined by ``+``."""
+    specs, out = {}, {s: [] for s in SPLITS}
+    ys = {s: {t: [] for t in TARGETS} for s in SPLITS}
+    for path in paths.split("+"):
+        zoo = load(path)
+        x = zoo.example_inputs()
+        has_val = any(r["split"] == "val" for r in zoo.table)
+        for r in zoo.table:
+            split = r["split"]
+            if not has_val and split == "train" and r["id"] % 5 == 0:
+                split = "val"
+            arch = json.dumps(r["architecture"], sort_keys=True)
+            if arch not in specs:
+                specs[arch] = detect(zoo.model(r["id"]), x)
+            out[split].append((specs[arch], zoo.state_dict(r["id"]), r["architecture"]["name"]))
+            for t in TARGETS:
+                ys[split][t].append(float(r[t]))
+    if quick:
+        caps = {"train": 160, "val": 40, "test": 80, "test_arch": 80}
+        for s, cap in caps.items():
+            keep = sorted(random.Random(0).sample(range(len(out[s])), min(cap, len(out[s]))))
+            out[s] = [out[s][i] for i in keep]
+            ys[s] = {t: [v[i] for i in keep] for t, v in ys[s].items()}
+    return out, ys, len(specs)
+
+
+def predictors(args, caches):
+    """``{row name: factory}``; the park metanet rows share one fit (both / stats alone)."""
+    opts = {
+        "epochs": args.epochs,
+        "patience": args.patience,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "stat_epochs": args.stat_epochs,
+        "target_transform": args.target_transform,
+    }
+    canon, raw = caches.setdefault("canonical", {}), caches.setdefault("raw", {})
+    return {
+        "wsym park metanet": lambda: ParkMetanet("both", cache=canon, **opts),
+        "graph branch alone": lambda: ParkMetanet("graph", cache=canon, **opts),
+        "NG-GNN-style, raw weights": lambda: ParkMetanet(
+            "graph", canonical=False, products=False, cache=raw, **opts
+        ),
+        "StatNN per layer, padded": lambda: LayerStatNN(),
+        "StatNN per layer, canonical": lambda: LayerStatNN(canonical=True),
+        "per-architecture wsym metanets": lambda: PerArchitecture(
+            epochs=args.epochs, patience=args.patience, hidden=args.hidden
+        ),
+    }
+
+
+def invariance(p, members) -> float:
+    """Largest relative prediction change under one random element of each member's group."""
+    worst = 0.0
+    for spec, sd in members:
+        sd64 = {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
+        a = p.predict([(spec, sd64)])
+        b = p.predict([(spec, spec.act(spec.sample(seed=0), sd64))])
+        worst = max(worst, float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)))
+    return worst
+
+
+def run(paths: str, args) -> dict:
+    """Every predictor, target and seed on one park; the report."""
+    data, ys, n_arch = read_park(paths, args.quick)
+    pairs = {s: [(spec, sd) for spec, sd, _ in data[s]] for s in SPLITS}
+    probes, seen = [], set()
+    for spec, sd, family in data["test"] + data["test_arch"]:
+        if family not in seen:
+            seen.add(family)
+            probes.append((spec, sd))
+    counts = {s: len(v) for s, v in data.items()}
+    print(f"\n## {paths}: {counts} members, {n_arch} architectures, families {sorted(seen)}")
+    sys.stdout.flush()
+    caches: dict = {}
+    rows: dict = {}
+    reader = ParkMetanet(cache=caches.setdefault("canonical", {}))
+    start = time.perf_counter()
+    reader.graphs(pairs["test"])
+    prep = len(pairs["test"]) / (time.perf_counter() - start)
+    for name, make in predictors(args, caches).items():
+        for target in TARGETS:
+            for seed in range(args.seeds):
+                p, start = make(), time.perf_counter()
+                p.fit(pairs["train"], ys["train"][target], pairs["val"], ys["val"][target], seed)
+                fit_s = time.perf_counter() - start
+                variants = {name: p}
+                if name == "wsym park metanet":
+                    variants["statistics branch alone"] = _stats_alone(p)
+                    if seed == 0 and target == TARGETS[0]:
+                        start = time.perf_counter()
+                        p.predict(pairs["test"])
+                        forward = len(pairs["test"]) / (time.perf_counter() - start)
+                for row, q in variants.items():
+                    r = rows.setdefault(row, {"claims": p.claims, "seconds": [], "reports": []})
+                    for split in ("test", "test_arch"):
+                        if not pairs[split]:
+                            continue
+                        try:
+                            pred = q.predict(pairs[split])
+                            tau = kendall_tau(ys[split][target], pred)
+                        except Exception as err:  # noqa: BLE001 (a baseline that cannot apply)
+                            tau, r["note"] = float("nan"), str(err).split(";")[0]
+                        r.setdefault((split, target), []).append(tau)
+                    if row == name:
+                        r["seconds"].append(fit_s)
+                        rep = getattr(getattr(p, "predictor", None), "config", {}).get("report")
+                        if rep:
+                            r["reports"].append(rep)
+                    if target == TARGETS[0] and seed == 0:
+                        r["invariance"] = invariance(q, probes)
+            print(f"  {name}: {sum(rows[name]['seconds']):.0f}s", file=sys.stderr)
+    print(
+        f"invariant graphs prepared {prep:.0f}/s; park metanet forward {forward:.0f} graphs/s "
+        "(1 thread)"
+    )
+    return {"zoo": paths, "members": counts, "architectures": n_arch, "rows": rows}
+
+
+def _stats_alone(p):
+    """The same fit with its graph branch switched off."""
+
+    class Alone:
+        claims = p.claims
+
+        def predict(self, members):
+            net = p.predictor.net
+            saved, net.branches = net.branches, "stats"
+            try:
+                return p.predict(members)
+            finally:
+                net.branches = saved
+
+    return Alone()
+
+
+def _cell(v) -> str:
+    if not v:
+        return "n/a"
+    t = torch.tensor(v)
+    if torch.isnan(t).any():
+        return "n/a"
+    return f"{t.mean():.3f} ± {t.std() if len(t) > 1 else 0.0:.3f}"
+
+
+def table(report: dict) -> str:
+    """The markdown comparison table of one report."""
+    cols = [(s, t) for s in ("test", "test_arch") for t in TARGETS]
+    head = " | ".join(
+        f"τ {t} ({'held-out members' if s == 'test' else 'held-out archs'})" for s, t in cols
+    )
+    lines = [
+        f"| predictor | invariant to | {head} | change under g | fit s/seed |",
+        "|---|---|" + "---|" * len(cols) + "---|---|",
+    ]
+    for name, r in report["rows"].items():
+        secs = f"{sum(r['seconds']) / len(r['seconds']):.0f}" if r["seconds"] else "(shared)"
+        cells = " | ".join(_cell(r.get(c)) for c in cols)
+        lines.append(
+            f"| {name} | {r['claims']} | {cells} | {r.get('invariance', float('nan')):.1e} | {secs} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:  # noqa: D103
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--zoo", action="append", required=True)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--patience", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--stat-epochs", type=int, default=300)
+    parser.add_argument("--target-transform", default="standard", choices=("standard", "rank"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.epochs, args.stat_epochs = min(args.seeds, 2), min(args.epochs, 8), 60
+    torch.set_num_threads(1)
+    reports = []
+    for paths in args.zoo:
+        report = run(paths, args)
+        print(table(report))
+        for name, r in report["rows"].items():
+            for rep in r["reports"]:
+                if (
+                    "statistics_val_tau" in rep
+                    and rep["statistics_val_tau"] == rep["statistics_val_tau"]
+                ):
+                    print(
+                        f"  {name}, seed {rep['seed']}: val tau statistics {rep['statistics_val_tau']:.3f}"
+                        f" -> with graph {rep['val_tau']:.3f} (best graph epoch {rep['best_epoch']}"
+                        f" of {rep['epochs_run']}), {rep['graphs_per_second']:.0f} training graphs/s"
+                    )
+        sys.stdout.flush()
+        reports.append(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                [
+                    {
+                        **r,
+                        "rows": {
+                            n: {str(k): v for k, v in row.items()} for n, row in r["rows"].items()
+                        },
+                    }
+                    for r in reports
+                ],
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
