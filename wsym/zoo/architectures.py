@@ -4,8 +4,10 @@
 with the remaining keys as keyword arguments; likewise ``cnn1d``
 (:class:`~wsym.reference.CNN1d`), ``residual_cnn``
 (:class:`~wsym.reference.ResidualCNN`, 2-D, with BatchNorm), ``transformer``
-(:class:`~wsym.reference.TinyTransformer`) and ``diagonal``
-(:class:`~wsym.reference.DiagonalLinear`). A member's stored state dict has
+(:class:`~wsym.reference.TinyTransformer`), ``diagonal``
+(:class:`~wsym.reference.DiagonalLinear`), and the park's ``park_cnn1d``
+(:class:`~wsym.zoo.park.ParkCNN1d`) and ``patch_transformer``
+(:class:`~wsym.zoo.park.PatchTransformer`). A member's stored state dict has
 exactly the keys of the module built here, so ``model.load_state_dict(sd)`` works.
 
 Example:
@@ -27,6 +29,7 @@ from torch import nn
 
 from wsym import reference
 from wsym.errors import WsymInputError
+from wsym.zoo import park
 
 ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "mlp": reference.MLP,
@@ -34,6 +37,8 @@ ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     "residual_cnn": reference.ResidualCNN,
     "transformer": reference.TinyTransformer,
     "diagonal": reference.DiagonalLinear,
+    "park_cnn1d": park.ParkCNN1d,
+    "patch_transformer": park.PatchTransformer,
 }
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 

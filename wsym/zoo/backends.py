@@ -25,6 +25,7 @@ from typing import Any
 from wsym.errors import WsymInputError
 from wsym.zoo import finetune
 from wsym.zoo.batched import Member, Trained, train_members
+from wsym.zoo.heldout import block_hyperparameters
 from wsym.zoo.presets import architecture_config, member_seed, sample_hyperparameters
 from wsym.zoo.tasks import load_task
 
@@ -34,9 +35,13 @@ UnitFn = Callable[[dict[str, Any], int, list[int]], list[Trained]]
 
 
 def plan_member(config: dict[str, Any], zoo_seed: int, member: int) -> Member:
-    """Member ``member`` of the zoo: its seed, hyperparameters and architecture."""
+    """Member ``member`` of the zoo: its seed, hyperparameters and architecture.
+
+    In a preset with architecture blocks, the block's keys come from the block
+    (:func:`wsym.zoo.heldout.block_hyperparameters`).
+    """
     seed = member_seed(zoo_seed, member)
-    hp = sample_hyperparameters(config, seed)
+    hp = sample_hyperparameters(config, seed, block_hyperparameters(config, zoo_seed, member))
     return Member(member, seed, hp, architecture_config(config, hp))
 
 

@@ -29,7 +29,7 @@ import wsym
 from wsym.errors import WsymInputError
 from wsym.io.atomic import write_atomic
 from wsym.progress import Progress
-from wsym.zoo import finetune, store
+from wsym.zoo import finetune, heldout, store
 from wsym.zoo.backends import plan_member, run_units
 from wsym.zoo.presets import load_preset, member_seed
 from wsym.zoo.zoo import Zoo, load
@@ -165,9 +165,14 @@ def _open(out: Path, config: dict[str, Any], seed: int, members: int) -> dict[st
 def _description(config: dict[str, Any], seed: int, members: int) -> dict[str, Any]:
     fractions = config["member_splits"]
     splits: dict[str, list[int]] = {"train": [], "val": [], "test": []}
+    if heldout.blocks(config) is not None:
+        splits[heldout.HELDOUT_SPLIT] = []
     for i in range(members):
-        splits[_member_split(fractions, seed, i)].append(i)
+        splits[member_split(config, seed, i)].append(i)
     regression = config["task"] == "regression"
+    architectures = {}
+    if heldout.blocks(config) is not None:
+        architectures = {"heldout_architectures": heldout.heldout_architectures(config)}
     return {
         "members": members,
         "architecture": config["architecture"],
@@ -176,11 +181,20 @@ def _description(config: dict[str, Any], seed: int, members: int) -> dict[str, A
         "gap": "test_loss - train_loss" if regression else "train_acc - test_acc",
         "split_seeds": {"dataset": config["dataset"].get("seed", 0), "members": seed},
         "member_splits": {"fractions": fractions, **splits},
+        **architectures,
         "versions": {"wsym": wsym.__version__, "torch": torch.__version__},
     }
 
 
-def _member_split(fractions: dict[str, float], seed: int, member: int) -> str:
+def member_split(config: dict[str, Any], seed: int, member: int) -> str:
+    """The split of ``member`` in the zoo ``(config, seed)``.
+
+    A held-out architecture's member is in :data:`~wsym.zoo.heldout.HELDOUT_SPLIT`; the
+    others in ``train`` / ``val`` / ``test``, drawn from ``(seed, member)`` by the fractions.
+    """
+    if heldout.is_heldout(config, member):
+        return heldout.HELDOUT_SPLIT
+    fractions = config["member_splits"]
     u = member_seed(seed, member, _SPLIT_STREAM) / 2**31
     if u < fractions["train"]:
         return "train"
@@ -211,7 +225,7 @@ def _columns(config: dict[str, Any], seed: int) -> dict[str, str]:
 
 def _row(manifest: dict[str, Any], config: dict[str, Any], seed: int, result) -> dict[str, Any]:
     plan = plan_member(config, seed, result.id)
-    split = _member_split(config["member_splits"], seed, result.id)
+    split = member_split(config, seed, result.id)
     row = {"id": result.id, "split": split, "seed": plan.seed, **plan.hyperparameters}
     return {**row, "architecture": plan.architecture, **result.metrics}
 

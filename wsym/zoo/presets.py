@@ -6,14 +6,18 @@ A preset (``data/presets/NAME.json``, or any JSON file given by path) holds
 * ``dataset``: ``{"name": ..., **options}``, see :mod:`wsym.zoo.tasks`;
 * ``architecture``: ``{"name": ..., **kwargs}``, see :mod:`wsym.zoo.architectures`;
   a string value ``"$key"`` is replaced by the member's sampled hyperparameter ``key``
-  (so a preset may sample width or activation per member);
+  (so a preset may sample width or activation per member), ``{"repeat": v, "times": n}``
+  by the list ``[v] * n`` (both may be ``"$key"``); ``{"by": key, value: architecture,
+  ...}`` picks the architecture by the sampled ``key`` (a preset of several families);
 * ``dropout_sites``: submodule names whose outputs get (inverted) dropout;
 * ``shard_size``: members per shard (the unit of work, storage and resumption);
 * ``member_splits``: fractions of members in the ``train``/``val``/``test`` splits;
 * ``hyperparameters``: ``{key: prior}``, sampled in file order, where a prior is a
   constant, ``{"choice": [...]}``, ``{"uniform": [a, b]}``, ``{"log_uniform": [a, b]}``,
   ``{"int_uniform": [a, b]}`` (both ends included), or
-  ``{"by": other_key, value: prior, ...}`` (a prior that depends on an earlier key).
+  ``{"by": other_key, value: prior, ...}`` (a prior that depends on an earlier key);
+* ``architecture_blocks`` (optional): consecutive members share their architecture,
+  and some architectures are held out whole, see :mod:`wsym.zoo.heldout`.
 
 The training hyperparameters every preset must define are listed in :data:`REQUIRED`.
 
@@ -108,12 +112,30 @@ def member_seed(zoo_seed: int, member: int, stream: int = 0) -> int:
     return int(state[0] >> 1)
 
 
-def sample_hyperparameters(preset: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Draw one member's hyperparameters from the preset's priors, in file order."""
-    rng = np.random.default_rng(seed)
+def sample_hyperparameters(
+    preset: dict[str, Any], seed: int, fixed: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Draw one member's hyperparameters from the preset's priors, in file order.
+
+    Keys in ``fixed`` take its values instead (priors ``"by"`` them see those).
+    """
+    return sample_keys(preset, np.random.default_rng(seed), list(preset["hyperparameters"]), fixed)
+
+
+def sample_keys(
+    preset: dict[str, Any],
+    rng: np.random.Generator,
+    keys: list[str],
+    fixed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Draw the hyperparameters ``keys`` (in file order) with ``rng``; ``fixed`` ones given."""
+    fixed = fixed or {}
     values: dict[str, Any] = {}
     for key, prior in preset["hyperparameters"].items():
-        values[key] = _draw(prior, rng, values, key)
+        if key in fixed:
+            values[key] = fixed[key]
+        elif key in keys:
+            values[key] = _draw(prior, rng, values, key)
     return values
 
 
@@ -125,9 +147,20 @@ def architecture_config(preset: dict[str, Any], hyperparameters: dict[str, Any])
             return hyperparameters[value[1:]]
         if isinstance(value, list):
             return [resolve(v) for v in value]
+        if isinstance(value, dict) and set(value) == {"repeat", "times"}:
+            return [resolve(value["repeat"])] * int(resolve(value["times"]))
         return value
 
-    return {key: resolve(value) for key, value in preset["architecture"].items()}
+    architecture = preset["architecture"]
+    if "by" in architecture:
+        chosen = str(hyperparameters[architecture["by"]])
+        if chosen not in architecture:
+            raise WsymInputError(
+                f"zoo preset {preset.get('name')}: architecture has no entry for "
+                f"{architecture['by']}={chosen}; add one"
+            )
+        architecture = architecture[chosen]
+    return {key: resolve(value) for key, value in architecture.items()}
 
 
 def _draw(prior: Any, rng: np.random.Generator, values: dict[str, Any], key: str) -> Any:

@@ -27,7 +27,8 @@ from wsym.zoo import store
 from wsym.zoo.architectures import build_architecture
 from wsym.zoo.tasks import load_task
 
-SPLITS = ("train", "val", "test")
+#: Member splits; ``test_arch`` (held-out architectures) only in zoos with architecture blocks.
+SPLITS = ("train", "val", "test", "test_arch")
 
 
 class Zoo:
@@ -81,7 +82,7 @@ class Zoo:
         return [self.state_dict(i) for i in (self.ids if ids is None else ids)]
 
     def split(self, name: str) -> list[int]:
-        """Ids of the finished members in split ``name`` (``train``, ``val`` or ``test``)."""
+        """Ids of the finished members in split ``name`` (one of :data:`SPLITS`)."""
         if name not in SPLITS:
             raise WsymInputError(f"unknown member split {name!r}; use one of {', '.join(SPLITS)}")
         return [row["id"] for row in self.table if row["split"] == name]
