@@ -41,6 +41,7 @@ from wsym.zoo import load
 
 TARGETS = ("test_acc", "gap")
 SPLITS = ("train", "val", "test", "test_arch")
+SHORT = ("park", "graph", "ng", "statnn", "statnn-canonical", "per-arch")
 
 
 def read_park(paths: str, quick: bool):
@@ -79,9 +80,10 @@ def predictors(args, caches):
         "layers": args.layers,
         "stat_epochs": args.stat_epochs,
         "target_transform": args.target_transform,
+        "trees": args.trees,
     }
     canon, raw = caches.setdefault("canonical", {}), caches.setdefault("raw", {})
-    return {
+    rows = {
         "wsym park metanet": lambda: ParkMetanet("both", cache=canon, **opts),
         "graph branch alone": lambda: ParkMetanet("graph", cache=canon, **opts),
         "NG-GNN-style, raw weights": lambda: ParkMetanet(
@@ -93,6 +95,8 @@ def predictors(args, caches):
             epochs=args.epochs, patience=args.patience, hidden=args.hidden
         ),
     }
+    keep = [k for k, short in zip(rows, SHORT, strict=True) if short in args.predictors.split(",")]
+    return {k: rows[k] for k in keep}
 
 
 def invariance(p, members) -> float:
@@ -156,10 +160,11 @@ def run(paths: str, args) -> dict:
                     if target == TARGETS[0] and seed == 0:
                         r["invariance"] = invariance(q, probes)
             print(f"  {name}: {sum(rows[name]['seconds']):.0f}s", file=sys.stderr)
-    print(
-        f"invariant graphs prepared {prep:.0f}/s; park metanet forward {forward:.0f} graphs/s "
-        "(1 thread)"
-    )
+    if "wsym park metanet" in rows:
+        print(
+            f"invariant graphs prepared {prep:.0f}/s; park metanet forward {forward:.0f} "
+            "graphs/s (1 thread)"
+        )
     return {"zoo": paths, "members": counts, "architectures": n_arch, "rows": rows}
 
 
@@ -202,10 +207,18 @@ def table(report: dict) -> str:
     for name, r in report["rows"].items():
         secs = f"{sum(r['seconds']) / len(r['seconds']):.0f}" if r["seconds"] else "(shared)"
         cells = " | ".join(_cell(r.get(c)) for c in cols)
-        lines.append(
-            f"| {name} | {r['claims']} | {cells} | {r.get('invariance', float('nan')):.1e} | {secs} |"
-        )
+        change = r.get("invariance", float("nan"))
+        lines.append(f"| {name} | {r['claims']} | {cells} | {change:.1e} | {secs} |")
     return "\n".join(lines)
+
+
+def _training_line(name: str, rep: dict) -> str:
+    stats = rep["statistics_val_tau"]
+    return (
+        f"  {name}, seed {rep['seed']}: val tau statistics {stats:.3f} -> with graph "
+        f"{rep['val_tau']:.3f} (best graph epoch {rep['best_epoch']} of {rep['epochs_run']}), "
+        f"{rep['graphs_per_second']:.0f} training graphs/s"
+    )
 
 
 def main() -> None:  # noqa: D103
@@ -218,6 +231,10 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--stat-epochs", type=int, default=300)
     parser.add_argument("--target-transform", default="standard", choices=("standard", "rank"))
+    parser.add_argument("--trees", type=int, default=0, help="trees in the statistics branch")
+    parser.add_argument(
+        "--predictors", default=",".join(SHORT), help="comma list of " + ",".join(SHORT)
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     args = parser.parse_args()
@@ -230,15 +247,7 @@ def main() -> None:  # noqa: D103
         print(table(report))
         for name, r in report["rows"].items():
             for rep in r["reports"]:
-                if (
-                    "statistics_val_tau" in rep
-                    and rep["statistics_val_tau"] == rep["statistics_val_tau"]
-                ):
-                    print(
-                        f"  {name}, seed {rep['seed']}: val tau statistics {rep['statistics_val_tau']:.3f}"
-                        f" -> with graph {rep['val_tau']:.3f} (best graph epoch {rep['best_epoch']}"
-                        f" of {rep['epochs_run']}), {rep['graphs_per_second']:.0f} training graphs/s"
-                    )
+                print(_training_line(name, rep))
         sys.stdout.flush()
         reports.append(report)
     if args.json:

@@ -72,6 +72,7 @@ class ParkNet(nn.Module):
     Args:
         hidden: width; layers: message-passing rounds; outputs: targets.
         stat_hidden, members: the statistics branch's width and ensemble size.
+        trees: boosting stages of the trees blended into the statistics branch (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
     """
 
@@ -83,6 +84,7 @@ class ParkNet(nn.Module):
         stat_hidden: int = 64,
         members: int = 5,
         branches: str = "both",
+        trees: int = 0,
     ):
         super().__init__()
         if branches not in BRANCHES:
@@ -94,7 +96,7 @@ class ParkNet(nn.Module):
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
         pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
         self.head = mlp(pooled, hidden, outputs)
-        self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs)
+        self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
 
     def fit_inputs(self, batch) -> None:
         """Per-role standardization of the raw features from the training graphs."""
@@ -301,6 +303,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config["stat_hidden"],
         config["members"],
         config["branches"],
+        config.get("trees", 0),
     )
 
 

@@ -88,6 +88,7 @@ def fit_park(
         "stat_hidden": c.stat_hidden,
         "members": c.members,
         "branches": branches,
+        "trees": c.trees,
         "target_transform": target_transform,
     }
     torch.manual_seed(seed)
@@ -147,3 +148,52 @@ def fit_park(
     report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
     meta["report"] = report
     return p
+
+
+def zoo_members(zoo, ids) -> list:
+    """``(spec, state_dict)`` of the zoo members ``ids``, detected once per architecture."""
+    import json
+
+    from wsym.detect import detect
+
+    cache = zoo.__dict__.setdefault("_park_specs", {})
+    out = []
+    for i in ids:
+        arch = json.dumps(zoo.row(i)["architecture"], sort_keys=True)
+        if arch not in cache:
+            cache[arch] = detect(zoo.model(i), zoo.example_inputs())
+        out.append((cache[arch], zoo.state_dict(i)))
+    return out
+
+
+def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[ParkPredictor, dict]:
+    """Fit on a zoo's ``train`` split (``val`` for early stopping); it knows every architecture.
+
+    Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
+    (the held-out members and architectures; absent splits left out).
+    """
+    from wsym.metanet.metrics import kendall_tau
+
+    ids = {s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}
+    y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
+    members = {s: zoo_members(zoo, v) for s, v in ids.items()}
+    p = fit_park(
+        members["train"],
+        y["train"],
+        validation=(members["val"], y["val"]),
+        target_names=(target,),
+        seed=seed,
+        **options,
+    )
+    for spec, _ in members["test"] + members["test_arch"]:
+        p.add_architecture(spec)
+    taus = {
+        s: kendall_tau(torch.tensor(y[s]), p.predict(members[s]))
+        for s in ("test", "test_arch")
+        if len(ids[s]) > 1
+    }
+    p.config["card"] = {"splits": {s: len(v) for s, v in ids.items()}, "test_tau": taus}
+    return p, taus
+
+
+SPLITS = ("train", "val", "test", "test_arch")

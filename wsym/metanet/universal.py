@@ -10,7 +10,9 @@ but describes them by *roles* shared across architectures:
   coordinates over the class graph, divided by the largest), unpermuted
   (input/output coordinate or position), source, sink, product node
   (head x feature), the coordinate's index fraction where unpermuted, the log
-  class size;
+  class size; and, from the weights, the norms of the node's incoming and of its
+  outgoing weights (kernels included) and its log in- and out-degree: what a
+  unit receives and sends, which mean aggregation alone does not see;
 * node attributes (biases, normalization gains, running statistics, kernels of
   single-input convolutions): fixed-size statistics of their values (:func:`kernel_statistics`:
   mean, rms, std, min, max on the signed log scale, log width) and the parameter's
@@ -63,7 +65,7 @@ from wsym.metanet.statistics import statistic_width, tensor_features
 EDGE_ROLES = ("linear", "conv", "pooled", "qk", "vo")
 ATTR_ROLES = ("parameter", "kernel", "buffer")
 NODE_GROUPS = ("input", "hidden", "output")  # readout groups
-NODE_WIDTH, ATTR_WIDTH, EDGE_WIDTH = 7, 7, 8
+NODE_WIDTH, ATTR_WIDTH, EDGE_WIDTH = 11, 7, 8
 DESCRIPTORS = 5
 STAT_ROLES = (("linear", 25), ("conv", 25), ("qk", 25), ("vo", 25), ("vector", 9), ("buffer", 9))
 STAT_WIDTH = sum(3 * (w + 1) for _, w in STAT_ROLES) + DESCRIPTORS
@@ -199,6 +201,8 @@ class UniversalSchema:
         base = self.base
         edges, ex, er, anode, ax, ar = [], [], [], [], [], []
         buckets: dict[tuple[str, int], list[torch.Tensor]] = {}
+        n = len(self.node_x)
+        flow = torch.zeros(n, 4, dtype=torch.float64)  # squared norms in / out, degrees in / out
         for p in base.plans:
             t = state_dict[p.name]
             f = base._features(p, t)
@@ -208,6 +212,11 @@ class UniversalSchema:
             if p.kind == "edge":
                 ei = base._edges[p.name]
                 edges.append(ei)
+                sq = f.reshape(ei.shape[1], -1).pow(2).sum(1)
+                flow[:, 0].index_add_(0, ei[1], sq)
+                flow[:, 1].index_add_(0, ei[0], sq)
+                flow[:, 2].index_add_(0, ei[1], torch.ones_like(sq))
+                flow[:, 3].index_add_(0, ei[0], torch.ones_like(sq))
                 k = kernel_statistics(f.reshape(ei.shape[1], -1))
                 ex.append(torch.cat([k, pos.expand(len(k), 1), k.new_zeros(len(k), 1)], 1))
                 er.append(torch.full((ei.shape[1],), EDGE_ROLES.index(role)))
@@ -236,8 +245,10 @@ class UniversalSchema:
             er.append(torch.full((ei.shape[1],), EDGE_ROLES.index(role)))
             buckets.setdefault((role, third), []).append(tensor_features(matrix))
         return WeightData(
-            num_nodes=len(self.node_x),
-            node_x=self.node_x,
+            num_nodes=n,
+            node_x=torch.cat(
+                [self.node_x, torch.asinh(flow[:, :2].sqrt()), torch.log1p(flow[:, 2:])], 1
+            ),
             node_group=self.node_group,
             edge_index=torch.cat(edges, 1) if edges else torch.zeros(2, 0, dtype=torch.long),
             edge_x=torch.cat(ex) if ex else torch.zeros(0, EDGE_WIDTH, dtype=torch.float64),
