@@ -24,7 +24,10 @@ but describes them by *roles* shared across architectures:
   :math:`W_Q^{h\top} W_K^h` and :math:`W_O^h W_V^h`, summed (and squared-summed) over
   the heads, as extra edges between the model-width nodes;
 * ``stat_x``: per-tensor statistics (:func:`~wsym.metanet.statistics.tensor_features`)
-  averaged within fixed (role, depth third) buckets, plus architecture
+  averaged within fixed (role, depth third) buckets, those of the first and last
+  :data:`ENDS` weight matrices one by one (depth aligned from both ends, where
+  padding from the input alone would compare an MLP's output layer with a
+  CNN's middle one), plus architecture
   descriptors (log parameter count, weight tensors, depth, mean width): one
   vector of :data:`STAT_WIDTH` numbers for every architecture;
 * ``graph_x``: the descriptors alone.
@@ -68,7 +71,8 @@ NODE_GROUPS = ("input", "hidden", "output")  # readout groups
 NODE_WIDTH, ATTR_WIDTH, EDGE_WIDTH = 11, 7, 8
 DESCRIPTORS = 5
 STAT_ROLES = (("linear", 25), ("conv", 25), ("qk", 25), ("vo", 25), ("vector", 9), ("buffer", 9))
-STAT_WIDTH = sum(3 * (w + 1) for _, w in STAT_ROLES) + DESCRIPTORS
+ENDS = 2  # matrices read one by one from each end of the forward order
+STAT_WIDTH = sum(3 * (w + 1) for _, w in STAT_ROLES) + 2 * ENDS * 25 + DESCRIPTORS
 
 
 def kernel_statistics(values: torch.Tensor) -> torch.Tensor:
@@ -201,6 +205,7 @@ class UniversalSchema:
         base = self.base
         edges, ex, er, anode, ax, ar = [], [], [], [], [], []
         buckets: dict[tuple[str, int], list[torch.Tensor]] = {}
+        matrices: list[torch.Tensor] = []
         n = len(self.node_x)
         flow = torch.zeros(n, 4, dtype=torch.float64)  # squared norms in / out, degrees in / out
         for p in base.plans:
@@ -237,7 +242,10 @@ class UniversalSchema:
                 stat_role = stat_role if stat_role in ("linear", "conv") else "linear"
             elif stat_role in ("linear", "conv"):
                 stat_role = "vector"
-            buckets.setdefault((stat_role, third), []).append(tensor_features(t))
+            feats = tensor_features(t)
+            if len(feats) > 9 and p.name not in self.spec.buffers:
+                matrices.append(feats)
+            buckets.setdefault((stat_role, third), []).append(feats)
         for prod in self.products:
             ei, feats, matrix, role, third = prod.edges(state_dict)
             edges.append(ei)
@@ -256,7 +264,7 @@ class UniversalSchema:
             attr_node=torch.cat(anode) if anode else torch.zeros(0, dtype=torch.long),
             attr_x=torch.cat(ax) if ax else torch.zeros(0, ATTR_WIDTH, dtype=torch.float64),
             attr_role=torch.cat(ar) if ar else torch.zeros(0, dtype=torch.long),
-            stat_x=torch.cat([_bucketed(buckets), self.descriptors], 1),
+            stat_x=torch.cat([_bucketed(buckets), _ends(matrices), self.descriptors], 1),
             graph_x=self.descriptors,
         )
 
@@ -270,6 +278,14 @@ def _bucketed(buckets: dict) -> torch.Tensor:
             mean = torch.stack(got).mean(0) if got else torch.zeros(width, dtype=torch.float64)
             out += [mean, torch.tensor([len(got) / 4.0], dtype=torch.float64)]
     return torch.cat(out)[None]
+
+
+def _ends(matrices: list[torch.Tensor]) -> torch.Tensor:
+    """``(1, 2 * ENDS * 25)``: the first and the last ENDS matrices' features (zeros if fewer)."""
+    pad = [torch.zeros(25, dtype=torch.float64)] * ENDS
+    first = (matrices + pad)[:ENDS]
+    last = (pad + matrices)[-ENDS:]
+    return torch.cat(first + last)[None]
 
 
 class _Product:
