@@ -7,12 +7,18 @@
   tau, R^2 over seeds, invariance), ``--plot PNG`` for predicted vs true gap.
 * ``predict --checkpoint FILE``: predicted generalization gap of one checkpoint,
   with the shipped meta-network by default (``--metanet`` to use another).
+
+``train`` and ``eval`` draw progress on stderr (per fit and seed, the metanet's
+epoch and validation tau; ``TQDM_DISABLE=1`` silences it), say beforehand when a
+run is estimated to take a minute or more (:func:`estimate_seconds`, from one
+small calibration fit), and end with where the time went.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,9 @@ DEFAULT_METANET = MODELS / "metanet-mnist1d-mlp.safetensors"
 #: Default predictors of ``metanet eval`` (as :data:`wsym.metanet.evaluate.PREDICTORS`;
 #: spelled out here so that the parser does not import torch-geometric).
 PREDICTORS = "metanet,statnn,statnn-canonical,flat-mlp,nfn"
+#: Runs estimated to take at least this long say so (and how long) before they start.
+ANNOUNCE_SECONDS = 60.0
+_CALIBRATION_MEMBERS = 8
 
 _TRAIN_EXAMPLE = """\
 examples:
@@ -119,13 +128,17 @@ def run_train(args: argparse.Namespace) -> int:
     from wsym.detect import detect
     from wsym.metanet import fit, kendall_tau
     from wsym.metanet.evaluate import zoo_splits
+    from wsym.progress import Progress
 
     out = _check_out(args.out)
+    options = _network_options(args)
     zoo = open_zoo(args.zoo)
     ids = zoo_splits(zoo)
     gap = {r["id"]: float(r["gap"]) for r in zoo.table}
     spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())
+    announce(estimate_seconds(zoo, ids, spec, options, ("metanet",), 1))
     val = (zoo.state_dicts(ids["val"]), [gap[i] for i in ids["val"]])
+    bar = Progress(options["epochs"], "metanet train", unit="epochs")
     p = fit(
         None,
         zoo.state_dicts(ids["train"]),
@@ -133,8 +146,10 @@ def run_train(args: argparse.Namespace) -> int:
         spec=spec,
         validation=val,
         seed=args.seed,
-        **_network_options(args),
+        on_epoch=lambda epoch, _, tau: _advance(bar, epoch, tau),
+        **options,
     )
+    bar.close()
     y_test = torch.tensor([gap[i] for i in ids["test"]])
     tau = kendall_tau(y_test, p.predict(zoo.state_dicts(ids["test"]))) if ids["test"] else None
     p.config["card"] = {
@@ -150,7 +165,77 @@ def run_train(args: argparse.Namespace) -> int:
         f"{rep['statistics_seconds'] + rep['train_seconds']:.0f}s training, "
         f"{rep['graphs_per_second']:.0f} graphs/s)"
     )
+    print(
+        f"time: graph building {rep['graph_seconds']:.0f}s, statistics branch "
+        f"{rep['statistics_seconds']:.0f}s, graph branch {rep['train_seconds']:.0f}s "
+        f"({rep['epochs_run']} epochs)"
+    )
     return EXIT_OK
+
+
+def _advance(bar: Any, epoch: int, tau: float) -> None:
+    bar.update(epoch - bar.n)
+    bar.set_postfix_str(f"val tau {tau:.3f}")
+
+
+def estimate_seconds(
+    zoo: Any, ids: dict, spec: Any, options: dict, predictors: tuple, seeds: int
+) -> dict[str, float]:
+    """Upper estimate of a metanet run's seconds, by stage, from one small calibration fit.
+
+    The calibration fits the metanet on :data:`_CALIBRATION_MEMBERS` training members
+    (two graph epochs, two statistics epochs) and scales its measured costs: graph
+    building per member (every member, once), the graph branch per training graph and
+    epoch (validation included; ``epochs`` epochs per seed: early stopping only
+    shortens it), the statistics branch per epoch (full-batch, so about constant in
+    the number of members; 300 epochs unless ``stat_epochs`` is given). Other
+    predictors are not estimated (``"baselines": nan`` when there are any).
+    """
+    from wsym.metanet import fit
+
+    gap = {r["id"]: float(r["gap"]) for r in zoo.table}
+    few = ids["train"][:_CALIBRATION_MEMBERS]
+    if len(few) < 4:
+        return {}
+    rep = fit(
+        None,
+        zoo.state_dicts(few),
+        [gap[i] for i in few],
+        spec=spec,
+        seed=0,
+        **{**options, "epochs": 2, "patience": 2, "stat_epochs": 2},
+    ).config["report"]
+    members = sum(len(v) for v in ids.values())
+    per_graph = 1 / rep["graphs_per_second"] if rep["graphs_per_second"] > 0 else 0.0
+    per_stat_epoch = rep["statistics_seconds"] / 2  # full-batch: about constant in members
+    estimate = {
+        "calibration": rep["graph_seconds"] + rep["statistics_seconds"] + rep["train_seconds"],
+        "graph building": rep["graph_seconds"] / len(few) * members,
+    }
+    if "metanet" in predictors:
+        stat_epochs = options.get("stat_epochs", 300)
+        estimate["metanet"] = seeds * (
+            options["epochs"] * len(ids["train"]) * per_graph + stat_epochs * per_stat_epoch
+        )
+    if any(p != "metanet" for p in predictors):
+        estimate["baselines"] = float("nan")
+    return estimate
+
+
+def announce(estimate: dict[str, float], stream: Any = None) -> None:
+    """Say on stderr (or ``stream``) how long the run will take, if a minute or more."""
+    total = sum(v for v in estimate.values() if v == v)
+    if total < ANNOUNCE_SECONDS:
+        return
+    parts = ", ".join(
+        f"{k} ~{v / 60:.1f} min" if v == v else f"{k} not estimated" for k, v in estimate.items()
+    )
+    print(
+        f"this run is estimated to take up to ~{total / 60:.0f} min ({parts}); "
+        "early stopping usually cuts the metanet's share",
+        file=stream or sys.stderr,
+        flush=True,
+    )
 
 
 def model_card(p: Any, zoo: str, ids: dict, tau: float | None) -> str:
@@ -186,25 +271,36 @@ def model_card(p: Any, zoo: str, ids: dict, tau: float | None) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``wsym metanet eval``."""
-    from wsym.metanet.evaluate import evaluate, format_table, scatter_plot
+    from wsym.metanet.evaluate import evaluate, format_table, format_timing, scatter_plot
 
     if args.seeds < 1:
         raise WsymInputError(f"--seeds must be >= 1, got {args.seeds}")
     zoo = open_zoo(args.zoo)
     names = tuple(n.strip() for n in args.predictors.split(",") if n.strip())
+    options = _network_options(args)
+    if "metanet" in names:
+        from wsym.detect import detect
+        from wsym.metanet.evaluate import zoo_splits
+
+        spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())
+        ids = zoo_splits(zoo, args.transfer)
+        announce(estimate_seconds(zoo, ids, spec, options, names, args.seeds))
     report = evaluate(
         zoo,
         predictors=names,
         seeds=tuple(range(args.seeds)),
         split_key=args.transfer,
-        metanet_options=_network_options(args),
+        metanet_options=options,
+        progress=True,
     )
     if args.plot:
         scatter_plot(report, args.plot)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "test_predictions"}, indent=2))
+        print(format_timing(report), file=sys.stderr)
     else:
         print(format_table(report))
+        print(format_timing(report))
     return EXIT_OK
 
 

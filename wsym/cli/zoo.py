@@ -18,11 +18,16 @@ examples:
   wsym zoo build --preset digits-cnn --members 200 --out zoos/cnn --backend ray --workers 4
   wsym zoo info zoos/mlp --plot gaps.png
   wsym zoo info zoos/mlp --json
+  wsym zoo info data/zoos/mnist1d-park --by family
 
 presets: mnist1d-mlp, mnist1d-mlp-widths, mnist1d-cnn, digits-cnn, seq-transformer,
-diagonal, or a path to a preset .json file. Running build again on the same --out resumes.
+diagonal, mnist1d-park, or a path to a preset .json file. Running build again on the
+same --out resumes.
 """
 _QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
+_COLUMNS = ("gap", "train_acc", "test_acc", "train_loss", "test_loss")
+# member splits (wsym.zoo.SPLITS, without importing torch); test_arch shown where present
+_SPLITS = ("train", "val", "test", "test_arch")
 
 
 def add_command_to(commands: Any) -> None:
@@ -46,6 +51,9 @@ def add_command_to(commands: Any) -> None:
     info.add_argument("dir", metavar="DIR", help="zoo directory")
     info.add_argument("--plot", metavar="PNG", help="write a histogram of the gaps")
     info.add_argument("--json", action="store_true", help="print a JSON summary")
+    info.add_argument(
+        "--by", metavar="KEY", help="also summarize per value of column KEY (e.g. family, split)"
+    )
     info.set_defaults(handler=run_info)
 
 
@@ -78,6 +86,8 @@ def run_info(args: argparse.Namespace) -> int:
         raise WsymInputError(f"cannot write {args.plot}: its directory does not exist")
     zoo = wsym.zoo.load(args.dir)
     info = summary(zoo)
+    if args.by:
+        info["by"] = {args.by: summary_by(zoo, args.by)}
     if args.plot:
         plot_gaps(zoo, args.plot)
         info["plot"] = args.plot
@@ -95,16 +105,34 @@ def summary(zoo: Any) -> dict[str, Any]:
         "seed": zoo.manifest["seed"],
         "members": len(table),
         "planned": zoo.manifest["members"],
-        "splits": {s: len(zoo.split(s)) for s in ("train", "val", "test")},
+        "splits": {s: n for s in _SPLITS if (n := len(zoo.split(s))) or s != "test_arch"},
         "bytes": sum(p.stat().st_size for p in files),
         "gap_definition": zoo.manifest["gap"],
     }
-    for key in ("gap", "train_acc", "test_acc", "train_loss", "test_loss"):
+    info.update(_distributions(table))
+    return info
+
+
+def summary_by(zoo: Any, key: str) -> dict[str, dict[str, Any]]:
+    """Members and quantiles of gap and accuracies per value of the column ``key``."""
+    if zoo.table and key not in zoo.table[0]:
+        raise WsymInputError(
+            f"zoo members have no column {key!r}; use one of {', '.join(zoo.table[0])}"
+        )
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in zoo.table:
+        groups.setdefault(str(row[key]), []).append(row)
+    return {v: {"members": len(rows), **_distributions(rows)} for v, rows in sorted(groups.items())}
+
+
+def _distributions(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for key in _COLUMNS:
         values = [row[key] for row in table if not math.isnan(row[key])]
         if values:
             names = ("min", "q25", "median", "q75", "max")
-            info[key] = dict(zip(names, _quantiles(values), strict=True))
-    return info
+            out[key] = dict(zip(names, _quantiles(values), strict=True))
+    return out
 
 
 def format_summary(info: dict[str, Any]) -> str:
@@ -115,16 +143,26 @@ def format_summary(info: dict[str, Any]) -> str:
         "member splits: " + ", ".join(f"{k} {v}" for k, v in info["splits"].items()),
         f"gap = {info['gap_definition']}",
     ]
-    for key in ("gap", "train_acc", "test_acc", "train_loss", "test_loss"):
+    lines += _quantile_lines(info)
+    for key, groups in info.get("by", {}).items():
+        for value, group in groups.items():
+            lines.append(f"{key} = {value}: {group['members']} members")
+            lines += ["  " + line for line in _quantile_lines(group, ("test_acc", "gap"))]
+    if "plot" in info:
+        lines.append(f"histogram written to {info['plot']}")
+    return "\n".join(lines)
+
+
+def _quantile_lines(info: dict[str, Any], keys=None) -> list[str]:
+    lines = []
+    for key in keys or _COLUMNS:
         if key in info:
             q = info[key]
             lines.append(
                 f"{key:>10}: min {q['min']:.4f}  q25 {q['q25']:.4f}  median {q['median']:.4f}"
                 f"  q75 {q['q75']:.4f}  max {q['max']:.4f}"
             )
-    if "plot" in info:
-        lines.append(f"histogram written to {info['plot']}")
-    return "\n".join(lines)
+    return lines
 
 
 def plot_gaps(zoo: Any, path: str) -> None:

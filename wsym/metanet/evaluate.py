@@ -7,7 +7,9 @@ each predictor on the training members (validation members for early
 stopping), and scores it on the held-out test members, for each seed. The
 *invariance* column is the largest relative change of a prediction when one
 test member's weights are moved by random elements of the whole symmetry group
-(scales 1e-2..1e2), and by permutations only.
+(scales 1e-2..1e2), and by permutations only. ``progress=True`` draws one bar
+over the fits (predictor x seed) on stderr, the metanet's epoch and validation
+tau beside it; ``report["timing"]`` says where the time went (:func:`format_timing`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from wsym.detect import detect
 from wsym.errors import WsymInputError
 from wsym.metanet import baselines
 from wsym.metanet.metrics import kendall_tau, r2
+from wsym.progress import Progress
 from wsym.testing import invariance_error
 
 PREDICTORS = ("metanet", "statnn", "statnn-canonical", "flat-mlp", "nfn")
@@ -84,14 +87,16 @@ def evaluate(
     target: str = "gap",
     split_key: str | None = None,
     metanet_options: dict | None = None,
+    progress: bool = False,
 ) -> dict:
     """Fit and score every predictor; returns a JSON-ready report.
 
     Returns:
         ``{"members": {split: n}, "rows": [{name, claims, tau_mean, tau_std, r2_mean,
         r2_std, tau_ensemble, invariance_all, invariance_perm, seconds, status}], "test_targets",
-        "test_predictions": {name: [...]}}``.
+        "test_predictions": {name: [...]}, "timing": {stage: seconds}}``.
     """
+    clock = time.perf_counter()
     ids = zoo_splits(zoo, split_key)
     spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())
     y_all = {r["id"]: float(r[target]) for r in zoo.table}
@@ -105,16 +110,22 @@ def evaluate(
         "test_targets": ys["test"].tolist(),
         "test_predictions": {},
     }
+    report["timing"] = {"detect and load": time.perf_counter() - clock}
+    runs = {n: seeds if not n.startswith("sharpness:") else seeds[:1] for n in predictors}
+    bar = Progress(sum(map(len, runs.values())), "metanet eval", unit="fits", enabled=progress)
     metanet_options = {**(metanet_options or {}), "cache": {}}  # invariant forms computed once
     probe = {k: v.double() if v.is_floating_point() else v for k, v in sds["test"][0].items()}
     for name in predictors:
         row = {"name": name, "status": "ok"}
         taus, r2s, preds, start = [], [], [], time.perf_counter()
         try:
-            for seed in seeds if not name.startswith("sharpness:") else seeds[:1]:
-                p = make_predictor(name, spec, zoo, metanet_options)
+            for seed in runs[name]:
+                bar.set_postfix_str(f"{name} seed {seed}")
+                hook = _epoch_hook(bar, name, seed) if name == "metanet" else None
+                p = make_predictor(name, spec, zoo, {**metanet_options, "on_epoch": hook})
                 p.fit(sds["train"], ys["train"], sds["val"], ys["val"], seed=seed)
                 pred = p.predict(sds["test"])
+                bar.update(1)
                 taus.append(kendall_tau(ys["test"], pred))
                 r2s.append(r2(ys["test"], pred))
                 preds.append(pred)
@@ -140,7 +151,41 @@ def evaluate(
             seconds=time.perf_counter() - start,
         )
         report["rows"].append(row)
+        report["timing"].update(_timing(row))
+    bar.close()
+    report["timing"]["total"] = time.perf_counter() - clock
     return report
+
+
+def _epoch_hook(bar, name: str, seed: int):
+    """``on_epoch`` of :func:`wsym.metanet.fit`: the epoch and validation tau on the bar."""
+
+    def hook(epoch: int, epochs: int, tau: float) -> None:
+        bar.set_postfix_str(f"{name} seed {seed} epoch {epoch}/{epochs} val tau {tau:.3f}")
+
+    return hook
+
+
+def _timing(row: dict) -> dict[str, float]:
+    """Seconds of one predictor's row; the metanet's split into its stages (all seeds)."""
+    reports = row.get("reports", [])
+    if not reports:
+        return {row["name"]: row["seconds"]}
+    stats = sum(r["statistics_seconds"] for r in reports)
+    graph_branch = sum(r["train_seconds"] for r in reports)
+    return {
+        f"{row['name']}: graphs and scoring": row["seconds"] - stats - graph_branch,
+        f"{row['name']}: statistics branch": stats,
+        f"{row['name']}: graph branch": graph_branch,
+    }
+
+
+def format_timing(report: dict) -> str:
+    """One line: where the time of :func:`evaluate` went, largest first."""
+    timing = dict(report["timing"])
+    total = timing.pop("total")
+    parts = sorted(timing.items(), key=lambda kv: -kv[1])
+    return f"time {total:.0f}s: " + ", ".join(f"{k} {v:.0f}s" for k, v in parts)
 
 
 def format_table(report: dict) -> str:

@@ -113,6 +113,7 @@ def fit(
     graphs=None,
     val_graphs=None,
     config: FitConfig | None = None,
+    on_epoch=None,
     **options,
 ) -> Predictor:
     """Train a meta-network predicting ``targets`` from ``state_dicts``.
@@ -130,6 +131,8 @@ def fit(
         graphs: precomputed invariant graphs of ``state_dicts`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
         config: the hyperparameters (:class:`FitConfig`; default its defaults).
+        on_epoch: progress hook, called ``on_epoch(epoch, epochs, val_tau)`` after
+            each epoch of the graph branch.
         **options: fields of :class:`FitConfig` replacing those of ``config``
             (``epochs=0``, ``hidden=64``, ...).
 
@@ -156,6 +159,7 @@ def fit(
             f"state dicts and {len(y)} targets"
         )
     probe = Predictor(spec, network_for(GraphSchema.from_spec(spec), c.hidden, c.layers, 1), {})
+    start = time.perf_counter()
     graphs = probe.graphs(state_dicts) if graphs is None else list(graphs)
     if validation is None:
         order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
@@ -166,6 +170,7 @@ def fit(
     else:
         val_graphs = probe.graphs(validation[0]) if val_graphs is None else list(val_graphs)
         y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
+    graph_seconds = time.perf_counter() - start
     mean, std = y.mean(0), y.std(0).clamp(min=1e-12) if len(y) > 1 else torch.ones(y.shape[1])
     meta = {
         "targets": list(target_names)[: y.shape[1]] or [f"y{i}" for i in range(y.shape[1])],
@@ -222,8 +227,10 @@ def fit(
         rank_weight=c.rank_weight,
         patience=c.patience,
         seed=seed,
+        on_epoch=on_epoch,
     )
     report.update(
+        graph_seconds=graph_seconds,
         statistics_val_tau=stat_tau,
         statistics_seconds=stat_seconds,
         blend=float(net.stats.blend) if c.trees else 0.0,
@@ -278,6 +285,7 @@ def _train(
     rank_weight,
     patience,
     seed,
+    on_epoch=None,
 ) -> dict:
     net = predictor.net
     params = [p for p in net.parameters() if p.requires_grad]
@@ -304,6 +312,8 @@ def _train(
             opt.step()
         schedule.step()
         tau = kendall_tau(y_val[:, 0], _column(predictor.predict_graphs(val_graphs)))
+        if on_epoch is not None:
+            on_epoch(epoch, epochs, tau)
         if tau > best[0]:
             best = (tau, epoch, copy.deepcopy(net.state_dict()))
         elif epoch - best[1] >= patience:
