@@ -11,8 +11,10 @@ architectures) are the *held-out architecture* test set; ``test`` the held-out
 members. For each target (test accuracy, gap) and seed every predictor is
 fitted on ``train`` (``val`` for early stopping) and scored by Kendall tau:
 
-* wsym park metanet: both branches, the statistics branch alone (the same fit,
-  its graph branch switched off), the graph branch alone (its own fit);
+* wsym park metanet: both branches blended (weight chosen on validation), and
+  each branch of that same fit alone (each is trained on its own);
+* the residual combination (graph branch trained on the frozen statistics
+  branch's residual, as the per-architecture meta-network);
 * NG-GNN-style graph network on raw weights (same message passing, no
   invariant forms, no attention products);
 * StatNN on per-layer statistics padded to the deepest architecture, on raw and
@@ -41,7 +43,7 @@ from wsym.zoo import load
 
 TARGETS = ("test_acc", "gap")
 SPLITS = ("train", "val", "test", "test_arch")
-SHORT = ("park", "graph", "ng", "statnn", "statnn-canonical", "per-arch")
+SHORT = ("park", "residual", "ng", "statnn", "statnn-canonical", "per-arch")
 
 
 def read_park(paths: str, quick: bool):
@@ -85,7 +87,9 @@ def predictors(args, caches):
     canon, raw = caches.setdefault("canonical", {}), caches.setdefault("raw", {})
     rows = {
         "wsym park metanet": lambda: ParkMetanet("both", cache=canon, **opts),
-        "graph branch alone": lambda: ParkMetanet("graph", cache=canon, **opts),
+        "residual combination": lambda: ParkMetanet(
+            "both", cache=canon, **{**opts, "combine": "residual"}
+        ),
         "NG-GNN-style, raw weights": lambda: ParkMetanet(
             "graph", canonical=False, products=False, cache=raw, **opts
         ),
@@ -136,7 +140,8 @@ def run(paths: str, args) -> dict:
                 fit_s = time.perf_counter() - start
                 variants = {name: p}
                 if name == "wsym park metanet":
-                    variants["statistics branch alone"] = _stats_alone(p)
+                    variants["statistics branch alone"] = _branch(p, "stats")
+                    variants["graph branch alone"] = _branch(p, "graph")
                     if seed == 0 and target == TARGETS[0]:
                         start = time.perf_counter()
                         p.predict(pairs["test"])
@@ -168,15 +173,15 @@ def run(paths: str, args) -> dict:
     return {"zoo": paths, "members": counts, "architectures": n_arch, "rows": rows}
 
 
-def _stats_alone(p):
-    """The same fit with its graph branch switched off."""
+def _branch(p, which: str):
+    """The same fit with only its ``which`` branch (``stats`` or ``graph``) switched on."""
 
     class Alone:
         claims = p.claims
 
         def predict(self, members):
             net = p.predictor.net
-            saved, net.branches = net.branches, "stats"
+            saved, net.branches = net.branches, which
             try:
                 return p.predict(members)
             finally:
@@ -214,10 +219,12 @@ def table(report: dict) -> str:
 
 def _training_line(name: str, rep: dict) -> str:
     stats = rep["statistics_val_tau"]
+    graph = f", graph alone {rep['graph_val_tau']:.3f}" if "graph_val_tau" in rep else ""
+    weight = f", graph weight {rep['graph_weight']}" if "graph_weight" in rep else ""
     return (
-        f"  {name}, seed {rep['seed']}: val tau statistics {stats:.3f} -> with graph "
-        f"{rep['val_tau']:.3f} (best graph epoch {rep['best_epoch']} of {rep['epochs_run']}), "
-        f"{rep['graphs_per_second']:.0f} training graphs/s"
+        f"  {name}, seed {rep['seed']}: val tau statistics {stats:.3f}{graph} -> combined "
+        f"{rep['val_tau']:.3f}{weight} (best graph epoch {rep['best_epoch']} of "
+        f"{rep['epochs_run']}), {rep['graphs_per_second']:.0f} training graphs/s"
     )
 
 

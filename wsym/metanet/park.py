@@ -9,9 +9,12 @@ mean and max of the nodes of each group (inputs, hidden, outputs) and the mean
 of the edges of each role, with the architecture descriptors, into a
 perceptron: the *graph branch*. The *statistics branch*
 (:class:`~wsym.metanet.statistics.StatisticsEnsemble`) reads the bucketed
-per-tensor statistics ``stat_x``. ``branches`` picks ``"both"`` (statistics
-first, then the graph branch on its residual, kept where it raises the
-validation tau, as :func:`wsym.metanet.fit`), ``"stats"`` or ``"graph"``.
+per-tensor statistics ``stat_x``. ``branches`` picks ``"both"``, ``"stats"`` or
+``"graph"``; two branches are combined by ``combine``: ``"blend"``
+(:math:`(1 - \beta)\,s + \beta\,g`, each branch trained on its own and the
+weight :math:`\beta`, buffer ``graph_weight``, chosen on the validation
+members) or ``"residual"`` (:math:`s + g`, the graph branch trained on the
+frozen statistics branch's residual, as :func:`wsym.metanet.fit`).
 
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
@@ -64,6 +67,7 @@ from wsym.metanet.universal import (
 
 PARK_FORMAT = "park-1"
 BRANCHES = ("both", "stats", "graph")
+COMBINE = ("blend", "residual")
 
 
 class ParkNet(nn.Module):
@@ -74,6 +78,7 @@ class ParkNet(nn.Module):
         stat_hidden, members: the statistics branch's width and ensemble size.
         trees: boosting stages of the trees blended into the statistics branch (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
+        combine: ``"blend"`` or ``"residual"`` (how two branches are combined).
     """
 
     def __init__(
@@ -85,11 +90,15 @@ class ParkNet(nn.Module):
         members: int = 5,
         branches: str = "both",
         trees: int = 0,
+        combine: str = "blend",
     ):
         super().__init__()
         if branches not in BRANCHES:
             raise WsymInputError(f"branches must be one of {', '.join(BRANCHES)}, got {branches!r}")
-        self.branches = branches
+        if combine not in COMBINE:
+            raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
+        self.branches, self.combine = branches, combine
+        self.register_buffer("graph_weight", torch.tensor(0.5))
         self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
         self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
@@ -105,12 +114,16 @@ class ParkNet(nn.Module):
         self.edge_enc.fit(batch.edge_x.float(), batch.edge_role)
 
     def forward(self, batch) -> Tensor:
-        """``(B, outputs)``: the branches in use, added."""
+        """``(B, outputs)``: the branches in use, blended or added."""
         if self.branches == "stats":
             return self.stats(batch.stat_x)
         if self.branches == "graph":
             return self.graph_branch(batch)
-        return self.graph_branch(batch) + self.stats(batch.stat_x)
+        g, s = self.graph_branch(batch), self.stats(batch.stat_x)
+        if self.combine == "residual":
+            return g + s
+        beta = self.graph_weight.to(g.dtype)
+        return (1 - beta) * s.to(g.dtype) + beta * g
 
     def graph_branch(self, batch) -> Tensor:
         """``(B, outputs)`` the message-passing branch alone."""
@@ -304,6 +317,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config["members"],
         config["branches"],
         config.get("trees", 0),
+        config.get("combine", "blend"),
     )
 
 

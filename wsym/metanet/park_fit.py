@@ -2,9 +2,12 @@ r"""Training one :class:`~wsym.metanet.park.ParkNet` on a mixed list of architec
 
 The same two stages as :func:`wsym.metanet.fit` (whose training loops this
 reuses), on :class:`~wsym.metanet.universal.UniversalSchema` graphs: the
-statistics branch on the bucketed statistics, then the graph branch on its
-residual (``branches="both"``; kept only where it raises the validation
-Kendall tau), or one branch alone (``"stats"``, ``"graph"``). Targets are
+statistics branch on the bucketed statistics, then the graph branch, and with
+``branches="both"`` their combination: ``combine="blend"`` trains the graph
+branch on its own and picks the weight of the two on the validation members
+(from :data:`BLENDS`); ``"residual"`` trains it on the frozen statistics
+branch's residual and keeps it only where it raises the validation Kendall tau.
+One branch alone: ``"stats"``, ``"graph"``. Targets are
 standardized (``target_transform="standard"``) or first mapped to their
 normal scores (``"rank"``: the rank-based inverse normal transform, robust
 to the heavy tails of generalization gaps across architectures; predictions
@@ -19,8 +22,9 @@ import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
-from wsym.metanet.fit import FitConfig, _train, _train_statistics
+from wsym.metanet.fit import BLENDS, FitConfig, _train, _train_statistics
 from wsym.metanet.graph import batch_graphs
+from wsym.metanet.metrics import kendall_tau
 from wsym.metanet.park import ParkPredictor, network_of
 
 
@@ -46,6 +50,7 @@ def fit_park(
     target_names: tuple[str, ...] = ("gap",),
     seed: int = 0,
     branches: str = "both",
+    combine: str = "blend",
     target_transform: str = "standard",
     predictor: ParkPredictor | None = None,
     graphs=None,
@@ -64,6 +69,7 @@ def fit_park(
         target_names: names of the target columns (stored with the predictor).
         seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
+        combine: ``"blend"`` or ``"residual"`` (see the module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
@@ -89,6 +95,7 @@ def fit_park(
         "members": c.members,
         "branches": branches,
         "trees": c.trees,
+        "combine": combine,
         "target_transform": target_transform,
     }
     torch.manual_seed(seed)
@@ -131,6 +138,9 @@ def fit_park(
     nn.init.zeros_(net.head[-1].weight)
     nn.init.zeros_(net.head[-1].bias)
     net.stats.requires_grad_(False)
+    blend = branches == "both" and combine == "blend"
+    if blend:
+        net.branches = "graph"  # trained on its own, then weighed against the statistics
     report = _train(
         p,
         graphs,
@@ -146,8 +156,22 @@ def fit_park(
         seed=seed,
     )
     report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
+    if blend:
+        net.branches = "both"
+        report["graph_val_tau"] = report["val_tau"]
+        report["blend_val_taus"] = taus = {}
+        for beta in BLENDS:
+            net.graph_weight.fill_(beta)
+            taus[beta] = kendall_tau(y_val[:, 0], _first(p.predict_graphs(val_graphs)))
+        best = max(taus, key=lambda b: (taus[b], -b))  # ties: the smaller graph weight
+        net.graph_weight.fill_(best)
+        report.update(graph_weight=best, val_tau=taus[best])
     meta["report"] = report
     return p
+
+
+def _first(y: torch.Tensor) -> torch.Tensor:
+    return y if y.ndim == 1 else y[:, 0]
 
 
 def zoo_members(zoo, ids) -> list:
@@ -172,8 +196,6 @@ def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[Park
     Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
     (the held-out members and architectures; absent splits left out).
     """
-    from wsym.metanet.metrics import kendall_tau
-
     ids = {s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}
     y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
     members = {s: zoo_members(zoo, v) for s, v in ids.items()}
