@@ -23,7 +23,8 @@ fitted on ``train`` (``val`` for early stopping) and scored by Kendall tau:
 
 Also printed: the prediction change under a random element of each member's
 whole group (one test member per family), fit seconds, graphs/s.
-``--quick``: at most 160/40/80 members, 2 seeds, fewer epochs (a smoke run).
+``--cap-train N``: at most N train, N/4 val, N/2 test members per zoo (a seeded
+subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke run).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ SPLITS = ("train", "val", "test", "test_arch")
 SHORT = ("park", "residual", "ng", "statnn", "statnn-canonical", "per-arch")
 
 
-def read_park(paths: str, quick: bool):
+def read_park(paths: str, caps: dict | None):
     """``{split: [(spec, sd, family)]}`` and targets, from zoos joined by ``+``."""
     specs, out = {}, {s: [] for s in SPLITS}
     ys = {s: {t: [] for t in TARGETS} for s in SPLITS}
@@ -64,8 +65,7 @@ def read_park(paths: str, quick: bool):
             out[split].append((specs[arch], zoo.state_dict(r["id"]), r["architecture"]["name"]))
             for t in TARGETS:
                 ys[split][t].append(float(r[t]))
-    if quick:
-        caps = {"train": 160, "val": 40, "test": 80, "test_arch": 80}
+    if caps:
         for s, cap in caps.items():
             keep = sorted(random.Random(0).sample(range(len(out[s])), min(cap, len(out[s]))))
             out[s] = [out[s][i] for i in keep]
@@ -116,7 +116,7 @@ def invariance(p, members) -> float:
 
 def run(paths: str, args) -> dict:
     """Every predictor, target and seed on one park; the report."""
-    data, ys, n_arch = read_park(paths, args.quick)
+    data, ys, n_arch = read_park(paths, args.caps)
     pairs = {s: [(spec, sd) for spec, sd, _ in data[s]] for s in SPLITS}
     probes, seen = [], set()
     for spec, sd, family in data["test"] + data["test_arch"]:
@@ -242,11 +242,19 @@ def main() -> None:  # noqa: D103
     parser.add_argument(
         "--predictors", default=",".join(SHORT), help="comma list of " + ",".join(SHORT)
     )
+    parser.add_argument(
+        "--cap-train", type=int, help="at most N train, N/4 val, N/2 test members (seeded)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     args = parser.parse_args()
+    args.caps = None
+    if args.cap_train:  # the validation and test splits capped in proportion
+        n = args.cap_train
+        args.caps = {"train": n, "val": n // 4, "test": n // 2, "test_arch": n // 2}
     if args.quick:
         args.seeds, args.epochs, args.stat_epochs = min(args.seeds, 2), min(args.epochs, 8), 60
+        args.caps = {"train": 160, "val": 40, "test": 80, "test_arch": 80}
     torch.set_num_threads(1)
     reports = []
     for paths in args.zoo:
