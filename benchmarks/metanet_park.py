@@ -25,6 +25,9 @@ Also printed: the prediction change under a random element of each member's
 whole group (one test member per family), fit seconds, graphs/s.
 ``--cap-train N``: at most N train, N/4 val, N/2 test members per zoo (a seeded
 subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke run).
+``--study``: the park metanet alone, seed 0, under each change of :data:`STUDY`
+(message-passing depth, width, target normalization, training budget): test tau
+of its statistics branch, its graph branch and the blend.
 """
 
 from __future__ import annotations
@@ -228,6 +231,56 @@ def _training_line(name: str, rep: dict) -> str:
     )
 
 
+#: ``--study``: what each change does to the two branches (one fit per target, seed 0).
+STUDY = {
+    "as benchmarked": {},
+    "no message passing (layers 0)": {"layers": 0},
+    "deeper message passing (layers 3)": {"layers": 3},
+    "wider (hidden 32)": {"hidden": 32},
+    "rank-normal targets": {"target_transform": "rank"},
+    "twice the epochs": {"epochs": "x2", "patience": "x2"},
+}
+
+
+def study(paths: str, args) -> str:
+    """The park metanet's branches under each :data:`STUDY` change; a markdown table."""
+    data, ys, _ = read_park(paths, args.caps)
+    pairs = {s: [(spec, sd) for spec, sd, _ in data[s]] for s in SPLITS}
+    splits = [s for s in ("test", "test_arch") if pairs[s]]
+    cache: dict = {}
+    lines = [
+        "| change | "
+        + " | ".join(f"{t} {s}: stats / graph / blended" for s in splits for t in TARGETS)
+        + " | fit s |",
+        "|---|" + "---|" * (len(splits) * len(TARGETS)) + "---|",
+    ]
+    for label, change in STUDY.items():
+        base = {
+            "epochs": args.epochs,
+            "patience": args.patience,
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "stat_epochs": args.stat_epochs,
+            "target_transform": args.target_transform,
+        }
+        opts = {k: base[k] * 2 if v == "x2" else v for k, v in change.items()}
+        cells, seconds = {}, 0.0
+        for target in TARGETS:
+            p, start = ParkMetanet("both", cache=cache, **{**base, **opts}), time.perf_counter()
+            p.fit(pairs["train"], ys["train"][target], pairs["val"], ys["val"][target], 0)
+            seconds += time.perf_counter() - start
+            for split in splits:
+                taus = [
+                    kendall_tau(ys[split][target], q.predict(pairs[split]))
+                    for q in (_branch(p, "stats"), _branch(p, "graph"), p)
+                ]
+                cells[(split, target)] = " / ".join(f"{t:.3f}" for t in taus)
+        row = " | ".join(cells[(s, t)] for s in splits for t in TARGETS)
+        lines.append(f"| {label} | {row} | {seconds:.0f} |")
+        print(lines[-1], file=sys.stderr)
+    return "\n".join(lines)
+
+
 def main() -> None:  # noqa: D103
     parser = argparse.ArgumentParser()
     parser.add_argument("--zoo", action="append", required=True)
@@ -246,6 +299,7 @@ def main() -> None:  # noqa: D103
         "--cap-train", type=int, help="at most N train, N/4 val, N/2 test members (seeded)"
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--study", action="store_true", help="the branches under each change")
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     args = parser.parse_args()
     args.caps = None
@@ -256,6 +310,10 @@ def main() -> None:  # noqa: D103
         args.seeds, args.epochs, args.stat_epochs = min(args.seeds, 2), min(args.epochs, 8), 60
         args.caps = {"train": 160, "val": 40, "test": 80, "test_arch": 80}
     torch.set_num_threads(1)
+    if args.study:
+        for paths in args.zoo:
+            print(f"\n## study on {paths}\n" + study(paths, args))
+        return
     reports = []
     for paths in args.zoo:
         report = run(paths, args)

@@ -37,9 +37,7 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -280,22 +278,14 @@ class ParkPredictor:
 
     def save(self, path: str | os.PathLike) -> None:
         """One ``.safetensors`` file: tensors + the JSON config and every known spec."""
-        from safetensors.torch import save_file
+        from wsym.metanet.predictor import write_file
 
-        from wsym.io.atomic import atomic_path
-        from wsym.metanet.predictor import META_KEY
-
-        path = Path(path)
-        if path.suffix != ".safetensors":
-            raise WsymInputError(f"meta-network files end in .safetensors, got {path.name}")
         meta = {
             "format": PARK_FORMAT,
             "specs": [s.spec.to_json() for s in self.schemas.values()],
             **self.config,
         }
-        tensors = {k: v.detach().float().contiguous() for k, v in self.net.state_dict().items()}
-        with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
+        write_file(path, self.net, meta)
 
 
 def from_config(config: dict, tensors: dict) -> ParkPredictor:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
-from wsym.metanet.fit import BLENDS, FitConfig, _train, _train_statistics
+from wsym.metanet.fit import BLENDS, FitConfig, _train, _train_statistics, split_validation
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.metrics import kendall_tau
 from wsym.metanet.park import ParkPredictor, network_of
@@ -102,15 +102,9 @@ def fit_park(
     net = network_of(meta, y.shape[1])
     p = ParkPredictor(net, predictor.specs if predictor else {}, meta, example_inputs)
     graphs = p.graphs(checkpoints) if graphs is None else list(graphs)
-    if validation is None:
-        order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
-        n_val = max(1, int(round(c.val_fraction * len(graphs))))
-        val_idx, tr_idx = order[:n_val].tolist(), order[n_val:].tolist()
-        val_graphs, y_val = [graphs[i] for i in val_idx], y[val_idx]
-        graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
-    else:
-        val_graphs = p.graphs(validation[0]) if val_graphs is None else list(val_graphs)
-        y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
+    graphs, y, val_graphs, y_val = split_validation(
+        graphs, y, validation, val_graphs, p.graphs, c.val_fraction, seed
+    )
     # rank: train on normal scores, report in standardized units of those scores
     z = normal_scores(y) if target_transform == "rank" else y
     mean, std = z.mean(0), z.std(0).clamp(min=1e-12)
