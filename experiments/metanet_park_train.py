@@ -35,9 +35,10 @@ def card(p, zoo: str, taus: dict, seconds: float, command: str) -> str:
         f"- held-out members ({splits['test']}): Kendall tau {taus.get('test', float('nan')):.3f}",
         f"- held-out architectures ({splits['test_arch']}): Kendall tau "
         f"{taus.get('test_arch', float('nan')):.3f}",
-        f"- validation Kendall tau: statistics branch {rep['statistics_val_tau']:.3f}, "
-        f"with the graph branch {rep['val_tau']:.3f} (graph branch "
-        + ("kept)" if rep["best_epoch"] else "not kept: it did not raise the validation tau)"),
+        f"- validation Kendall tau: statistics branch {rep['statistics_val_tau']:.3f}, graph "
+        f"branch alone {rep.get('graph_val_tau', float('nan')):.3f}, blended "
+        f"{rep['val_tau']:.3f} (graph weight {rep.get('graph_weight', 1.0)}, chosen on the "
+        "validation members)",
         f"- network: universal role-featured graphs, {c['layers']} message-passing layers, "
         f"width {c['hidden']}; statistics branch {c['members']} perceptrons"
         + (f" + {c['trees']} boosted trees" if c.get("trees") else ""),
@@ -72,6 +73,7 @@ def main() -> None:  # noqa: D103
         trees=args.trees,
     )
     seconds = time.perf_counter() - start
+    p.config["card"]["seconds"] = seconds
     out = Path(args.out)
     p.save(out)
     command = (
