@@ -117,6 +117,36 @@ def _depths(permuted_class: dict, edge_classes: list[tuple[int, int]]) -> dict[i
     return {c: depth.get(c, 0) for c in classes}
 
 
+def _node_features(base: GraphSchema, class_permuted: dict, depth: dict):
+    """``(node_x (N, 7), node_group (N,))``: the weight-free node features and readout groups."""
+    atoms, cls, permuted = base.nodes, base.node_class, base.permuted
+    top = max(depth.values(), default=0) or 1
+    n = len(atoms)
+    has_in, has_out = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+    for ei in base._edges.values():
+        has_out[ei[0]] = True
+        has_in[ei[1]] = True
+    unperm = torch.tensor([not class_permuted[int(c)] for c in cls])
+    size = torch.bincount(cls).double()
+    index = torch.tensor(
+        [next((i for c, i in e if c not in permuted), 0) for e in atoms], dtype=torch.float64
+    )
+    node_x = torch.stack(
+        [
+            torch.tensor([depth[int(c)] / top for c in cls], dtype=torch.float64),
+            unperm.double(),
+            (~has_in).double(),
+            (~has_out).double(),
+            torch.tensor([float(len(e) > 1) for e in atoms], dtype=torch.float64),
+            torch.where(unperm, index / (size[cls] - 1).clamp(min=1), torch.zeros(n)),
+            torch.log(size[cls]) / math.log(1000.0),
+        ],
+        dim=1,
+    )
+    group = torch.where(unperm & ~has_in, 0, torch.where(unperm & ~has_out, 2, 1)).long()
+    return node_x, group
+
+
 class UniversalSchema:
     """The role-featured graph layout of one architecture (data-free; from its spec).
 
@@ -131,11 +161,9 @@ class UniversalSchema:
         self.spec, self.base = spec, base
         self.signature = tuple((p.name, tuple(p.shape)) for p in base.plans)
         self.layout_signature = {n: tuple(t.size for t in dims) for n, dims in spec.layouts}
-        permuted = base.permuted
-        atoms = list(base.nodes)
         class_permuted: dict[int, bool] = {}
-        for entry, cls in zip(atoms, base.node_class.tolist(), strict=True):
-            class_permuted.setdefault(cls, any(c in permuted for c, _ in entry))
+        for entry, cls in zip(base.nodes, base.node_class.tolist(), strict=True):
+            class_permuted.setdefault(cls, any(c in base.permuted for c, _ in entry))
         self.order = {p.name: k / max(len(base.plans) - 1, 1) for k, p in enumerate(base.plans)}
         self.products = _gl_products(spec, base, self.order)
         edge_classes = []
@@ -144,40 +172,15 @@ class UniversalSchema:
                 src, dst = base._edges[p.name][:, :1]
                 edge_classes.append((int(base.node_class[src]), int(base.node_class[dst])))
         depth = _depths(class_permuted, edge_classes)
-        top = max(depth.values(), default=0) or 1
-        n = len(atoms)
-        has_in, has_out = torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
-        for ei in base._edges.values():
-            has_out[ei[0]] = True
-            has_in[ei[1]] = True
-        cls = base.node_class
-        unperm = torch.tensor([not class_permuted[int(c)] for c in cls])
-        size = torch.bincount(cls).double()
-        index = torch.tensor(
-            [next((i for c, i in e if c not in permuted), 0) for e in atoms], dtype=torch.float64
-        )
-        self.node_x = torch.stack(
-            [
-                torch.tensor([depth[int(c)] / top for c in cls], dtype=torch.float64),
-                unperm.double(),
-                (~has_in).double(),
-                (~has_out).double(),
-                torch.tensor([float(len(e) > 1) for e in atoms], dtype=torch.float64),
-                torch.where(unperm, index / (size[cls] - 1).clamp(min=1), torch.zeros(n)),
-                torch.log(size[cls]) / math.log(1000.0),
-            ],
-            dim=1,
-        )
-        self.node_group = torch.where(
-            unperm & ~has_in, 0, torch.where(unperm & ~has_out, 2, 1)
-        ).long()
+        self.node_x, self.node_group = _node_features(base, class_permuted, depth)
+        size = torch.bincount(base.node_class).double()
         widths = [size[c].item() for c in range(len(size)) if class_permuted.get(c)]
         params = sum(math.prod(p.shape) for p in base.plans if p.name not in spec.buffers)
         self.descriptors = torch.tensor(
             [
                 math.log(max(params, 1)) / 10,
                 sum(p.kind == "edge" for p in base.plans) / 10,
-                top / 10,
+                (max(depth.values(), default=0) or 1) / 10,
                 math.log(sum(widths) / len(widths) if widths else 1.0) / 5,
                 len(self.products) / 4,
             ],
