@@ -76,9 +76,9 @@ def read_park(paths: str, caps: dict | None):
     return out, ys, len(specs)
 
 
-def predictors(args, caches):
-    """``{row name: factory}``; the park metanet rows share one fit (both / stats alone)."""
-    opts = {
+def park_options(args) -> dict:
+    """The park metanet's options from the command line."""
+    return {
         "epochs": args.epochs,
         "patience": args.patience,
         "hidden": args.hidden,
@@ -87,6 +87,11 @@ def predictors(args, caches):
         "target_transform": args.target_transform,
         "trees": args.trees,
     }
+
+
+def predictors(args, caches):
+    """``{row name: factory}``; the park metanet rows share one fit (both / stats alone)."""
+    opts = park_options(args)
     canon, raw = caches.setdefault("canonical", {}), caches.setdefault("raw", {})
     rows = {
         "wsym park metanet": lambda: ParkMetanet("both", cache=canon, **opts),
@@ -255,14 +260,7 @@ def study(paths: str, args) -> str:
         "|---|" + "---|" * (len(splits) * len(TARGETS)) + "---|",
     ]
     for label, change in STUDY.items():
-        base = {
-            "epochs": args.epochs,
-            "patience": args.patience,
-            "hidden": args.hidden,
-            "layers": args.layers,
-            "stat_epochs": args.stat_epochs,
-            "target_transform": args.target_transform,
-        }
+        base = park_options(args)
         opts = {k: base[k] * 2 if v == "x2" else v for k, v in change.items()}
         cells, seconds = {}, 0.0
         for target in TARGETS:
