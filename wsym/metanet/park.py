@@ -146,7 +146,7 @@ class ParkNet(nn.Module):
 _KEYS: dict[int, tuple[SymmetrySpec, str]] = {}
 
 
-def _spec_key(spec: SymmetrySpec) -> str:
+def spec_key(spec: SymmetrySpec) -> str:
     """The spec's JSON (memoized per spec object: it is immutable)."""
     got = _KEYS.get(id(spec))
     if got is None or got[0] is not spec:
@@ -175,7 +175,7 @@ class ParkPredictor:
 
     def add_architecture(self, spec: SymmetrySpec) -> UniversalSchema:
         """Know ``spec``'s architecture (bare state dicts of it are then accepted)."""
-        key = _spec_key(spec)
+        key = spec_key(spec)
         if key not in self.schemas:  # same tensors, other symmetries (activation): both kept
             self.schemas[key] = UniversalSchema.from_spec(spec)
         return self.schemas[key]
@@ -210,11 +210,12 @@ class ParkPredictor:
                     "example_inputs to detect its symmetries"
                 )
             spec = detect(head, x(head) if callable(x) else x)
-            key = self._detected[_module_key(head, sd)] = _spec_key(spec)
+            key = self._detected[_module_key(head, sd)] = spec_key(spec)
             self.add_architecture(spec)
         return [self.schemas[key]], sd
 
-    def _graph(self, schema: UniversalSchema, sd: dict, i: int, canonical: bool):
+    def graph_of(self, schema: UniversalSchema, sd: dict, i: int, canonical: bool = True):
+        """The universal graph of state dict number ``i`` as ``schema`` reads it (checked)."""
         try:
             schema.check(sd)
         except WsymInputError as err:
@@ -237,7 +238,7 @@ class ParkPredictor:
                     f"state dict {i} fits {len(schemas)} known architectures (same tensors, "
                     "other symmetries); pass it as (model, state_dict)"
                 )
-            out.append(self._graph(schemas[0], sd, i, canonical))
+            out.append(self.graph_of(schemas[0], sd, i, canonical))
         return out
 
     @torch.no_grad()
@@ -264,7 +265,7 @@ class ParkPredictor:
         for i, m in enumerate([members] if single else list(members)):
             schemas, sd = self._schemas(m, i)
             owner += [i] * len(schemas)
-            graphs += [self._graph(s, sd, i, True) for s in schemas]
+            graphs += [self.graph_of(s, sd, i, True) for s in schemas]
         y = self.predict_graphs(graphs)
         if len(graphs) > len(set(owner)):  # ambiguous bare state dicts: the mean over candidates
             index = torch.tensor(owner)
@@ -294,7 +295,7 @@ def from_config(config: dict, tensors: dict) -> ParkPredictor:
     config.pop("format", None)
     net = network_of(config, len(config["targets"]))
     net.load_state_dict(tensors)
-    return ParkPredictor(net, {_spec_key(s): s for s in specs}, config)
+    return ParkPredictor(net, {spec_key(s): s for s in specs}, config)
 
 
 def network_of(config: dict, outputs: int) -> ParkNet:

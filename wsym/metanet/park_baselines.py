@@ -24,7 +24,7 @@ import torch
 from wsym.errors import WsymInputError
 from wsym.metanet.baselines import Metanet
 from wsym.metanet.invariant import invariant_form
-from wsym.metanet.park import ParkNet, ParkPredictor, _spec_key
+from wsym.metanet.park import ParkNet, ParkPredictor, spec_key
 from wsym.metanet.park_fit import fit_park
 from wsym.metanet.statistics import tensor_statistics
 
@@ -67,7 +67,7 @@ class ParkMetanet:
 
         def graph(spec, sd):
             schema = reader.add_architecture(spec)
-            g = reader._graph(schema, sd, 0, canonical)
+            g = reader.graph_of(schema, sd, 0, canonical)
             if not products:
                 keep = g.edge_role < 3  # linear, conv, pooled: no attention products
                 g.edge_index, g.edge_x, g.edge_role = (
@@ -155,7 +155,7 @@ class PerArchitecture:
         self.models = {}
         for key, idx in _groups(members).items():
             spec = members[idx[0]][0]
-            val = [j for j, (s, _) in enumerate(val_members) if _spec_key(s) == key]
+            val = [j for j, (s, _) in enumerate(val_members) if spec_key(s) == key]
             if len(idx) < self.min_members:
                 self.models[key] = float(y[idx].mean())
                 continue
@@ -184,5 +184,5 @@ class PerArchitecture:
 def _groups(members) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for i, (spec, _) in enumerate(members):
-        out.setdefault(_spec_key(spec), []).append(i)
+        out.setdefault(spec_key(spec), []).append(i)
     return out
