@@ -161,15 +161,9 @@ def fit(
     probe = Predictor(spec, network_for(GraphSchema.from_spec(spec), c.hidden, c.layers, 1), {})
     start = time.perf_counter()
     graphs = probe.graphs(state_dicts) if graphs is None else list(graphs)
-    if validation is None:
-        order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
-        n_val = max(1, int(round(c.val_fraction * len(graphs))))
-        val_idx, tr_idx = order[:n_val].tolist(), order[n_val:].tolist()
-        val_graphs, y_val = [graphs[i] for i in val_idx], y[val_idx]
-        graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
-    else:
-        val_graphs = probe.graphs(validation[0]) if val_graphs is None else list(val_graphs)
-        y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
+    graphs, y, val_graphs, y_val = split_validation(
+        graphs, y, validation, val_graphs, probe.graphs, c.val_fraction, seed
+    )
     graph_seconds = time.perf_counter() - start
     mean, std = y.mean(0), y.std(0).clamp(min=1e-12) if len(y) > 1 else torch.ones(y.shape[1])
     meta = {
@@ -238,6 +232,18 @@ def fit(
     )
     meta["report"] = report
     return predictor
+
+
+def split_validation(graphs, y, validation, val_graphs, read, val_fraction: float, seed: int):
+    """``(graphs, y, val_graphs, y_val)``: ``validation`` read by ``read``, or a seeded share."""
+    if validation is None:
+        order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(seed))
+        n_val = max(1, int(round(val_fraction * len(graphs))))
+        val_idx, tr_idx = order[:n_val].tolist(), order[n_val:].tolist()
+        return [graphs[i] for i in tr_idx], y[tr_idx], [graphs[i] for i in val_idx], y[val_idx]
+    val_graphs = read(validation[0]) if val_graphs is None else list(val_graphs)
+    y_val = torch.as_tensor(validation[1], dtype=torch.float64).reshape(len(val_graphs), -1)
+    return graphs, y, val_graphs, y_val
 
 
 def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed):

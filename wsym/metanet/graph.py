@@ -138,6 +138,7 @@ class GraphSchema:
             plans.append(ParamPlan(name, shape, tuple(axes), pooled, kind, counts[kind], width))
             counts[kind] += width if kind == "graph" else 1
         self.plans = tuple(plans)
+        self.nodes = tuple(node_of)  # insertion order: node ids
         self.node_type = torch.tensor(node_type, dtype=torch.long)
         self.node_class = torch.tensor(node_class, dtype=torch.long)
         self.num_node_types, self.num_classes = len(types), len(classes)

@@ -119,22 +119,27 @@ class Predictor:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write one ``.safetensors`` file (tensors + JSON config in the metadata)."""
-        path = Path(path)
-        if path.suffix != ".safetensors":
-            raise WsymInputError(f"meta-network files end in .safetensors, got {path.name}")
         meta = {
             "format": FORMAT,
             "spec": self.spec.to_json(),
             "signature": self.schema.signature(),
             **self.config,
         }
-        tensors = {k: v.detach().float().contiguous() for k, v in self.net.state_dict().items()}
-        with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
+        write_file(path, self.net, meta)
+
+
+def write_file(path: str | os.PathLike, net: torch.nn.Module, meta: dict) -> None:
+    """``net``'s tensors (float32) and ``meta`` as JSON under :data:`META_KEY`, atomically."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise WsymInputError(f"meta-network files end in .safetensors, got {path.name}")
+    tensors = {k: v.detach().float().contiguous() for k, v in net.state_dict().items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
 
 
 def load(path: str | os.PathLike) -> Predictor:
-    """Read a :class:`Predictor` written by :meth:`Predictor.save`.
+    """Read a :class:`Predictor` written by :meth:`Predictor.save` (or a park predictor).
 
     Raises:
         WsymInputError: missing file, or not a wsym meta-network file.
@@ -153,6 +158,10 @@ def load(path: str | os.PathLike) -> Predictor:
             f"{path} is a safetensors file but not a wsym meta-network (no {META_KEY!r} metadata)"
         )
     config = json.loads(meta)
+    if config.get("format") == "park-1":  # one network for many architectures
+        from wsym.metanet.park import from_config
+
+        return from_config(config, tensors)
     spec = SymmetrySpec.from_json(config.pop("spec"))
     config.pop("signature", None)
     if config.pop("format", None) != FORMAT:

@@ -1,0 +1,138 @@
+"""One meta-network for mixed architectures: invariance, files, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+
+from wsym.errors import WsymInputError
+from wsym.metanet import load
+from wsym.metanet.graph import batch_graphs
+from wsym.metanet.park import ParkNet, ParkPredictor
+from wsym.metanet.park_fit import fit_park, normal_scores
+from wsym.metanet.universal import STAT_WIDTH, UniversalSchema, kernel_statistics
+from wsym.testing import assert_sensitive, invariance_error
+
+MIXED = ("mlp-relu", "mlp-tanh", "residual-cnn", "tiny-transformer")
+
+
+def _double(sd):
+    return {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
+
+
+def _members(detected, copies=1):
+    out = []
+    for name in MIXED:
+        model, _, spec = detected(name)
+        for c in range(copies):
+            torch.manual_seed(c)
+            sd = {  # multiplicative noise: signs and positive running variances kept
+                k: v * torch.exp(0.2 * torch.randn_like(v)) if c and v.is_floating_point() else v
+                for k, v in model.state_dict().items()
+            }
+            out.append((spec, _double(sd)))
+    return out
+
+
+def _random_predictor(members, seed=0):
+    """An untrained two-branch network, every layer random (the graph head too)."""
+    torch.manual_seed(seed)
+    p = ParkPredictor(
+        ParkNet(hidden=8, layers=2),
+        {},
+        {"targets": ["gap"], "target_mean": [0.0], "target_std": [1.0]},
+    )
+    batch = batch_graphs(p.graphs(members))
+    p.net.fit_inputs(batch)
+    p.net.stats.normal.fit(batch.stat_x.float())
+    return p.double()
+
+
+def test_universal_features_have_one_width_for_every_architecture(detected):
+    members = _members(detected)
+    widths = set()
+    for spec, sd in members:
+        d = UniversalSchema.from_spec(spec).graph(sd)
+        widths.add((d.node_x.shape[1], d.edge_x.shape[1], d.attr_x.shape[1], d.stat_x.shape[1]))
+        assert d.stat_x.shape[1] == STAT_WIDTH and torch.isfinite(d.edge_x).all()
+    assert len(widths) == 1
+
+
+def test_attention_heads_give_gl_invariant_product_edges(detected):
+    _, _, spec = detected("tiny-transformer")
+    roles = sorted(p.role for p in UniversalSchema.from_spec(spec).products)
+    assert roles == ["qk", "vo"]
+
+
+def test_kernel_sizes_are_edge_features():
+    short, long = kernel_statistics(torch.ones(2, 3)), kernel_statistics(torch.ones(2, 7))
+    assert short.shape == long.shape and not torch.equal(short, long)
+
+
+@pytest.mark.parametrize("index", range(len(MIXED)))
+def test_prediction_invariant_to_each_members_whole_group(detected, index):
+    members = _members(detected)
+    p = _random_predictor(members)
+    spec, sd = members[index]
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(0, 1)) <= 1e-5
+    assert_sensitive(fn, spec, sd, min_change=1e-8)
+
+
+def test_graph_branch_alone_is_invariant_and_not_constant(detected):
+    members = _members(detected)
+    p = _random_predictor(members)
+    p.net.branches = "graph"
+    spec, sd = members[3]  # the transformer: GL and translation groups
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(2,)) <= 1e-5
+    assert_sensitive(fn, spec, sd, min_change=1e-8)
+
+
+def test_mixed_save_load_round_trip(detected, tmp_path):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(members, y, epochs=2, stat_epochs=3, hidden=8, members=2)
+    torch.manual_seed(1)
+    torch.nn.init.normal_(p.net.head[-1].weight)  # the graph branch contributes too
+    before = p.predict(members)
+    p.save(tmp_path / "park.safetensors")
+    q = load(tmp_path / "park.safetensors")
+    bare = [sd for _, sd in members]  # the loaded file knows every architecture
+    same = [i for i, (spec, _) in enumerate(members) if "tanh" not in spec.to_json()]
+    assert torch.equal(q.predict(members), before)
+    assert torch.equal(q.predict(bare)[same[-1]], before[same[-1]])  # the cnn / transformer
+    assert len(q.specs) == len(MIXED)
+
+
+def test_rank_targets_and_the_statistics_branch_alone(detected):
+    members = _members(detected, copies=3)
+    y = torch.arange(len(members), dtype=torch.float64)
+    p = fit_park(members, y, branches="stats", target_transform="rank", stat_epochs=3, members=2)
+    assert p.config["report"]["epochs_run"] == 0 and p.predict(members).shape == (len(members),)
+    assert normal_scores(y[:, None]).std() > 0.5
+
+
+def test_bad_members_raise_one_line_errors(detected):
+    members = _members(detected)
+    p = _random_predictor(members[:2])
+    _, _, cnn = detected("residual-cnn")
+    with pytest.raises(WsymInputError, match="does not know") as err:
+        p.predict([members[2][1]])
+    assert "\n" not in str(err.value)
+    with pytest.raises(WsymInputError, match="fits 2 known architectures"):
+        p.graphs([members[0][1]])  # mlp-relu and mlp-tanh share every tensor shape
+    nan = {k: v.clone() for k, v in members[0][1].items()}
+    nan[next(iter(nan))][0] = float("nan")
+    with pytest.raises(WsymInputError, match="NaN"):
+        p.predict([(members[0][0], nan)])
+    with pytest.raises(WsymInputError, match="pass \\(model, state_dict\\)"):
+        p.predict([[1, 2, 3]])
+    with pytest.raises(WsymInputError, match="example_inputs"):
+        model, _, _ = detected("residual-cnn")
+        p.predict([(model, members[2][1])])
+    with pytest.raises(WsymInputError, match="branches"):
+        ParkNet(branches="neither")
+    del cnn

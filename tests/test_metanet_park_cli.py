@@ -1,0 +1,47 @@
+"""``wsym predict`` with the shipped park meta-network: one checkpoint of each park family."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("torch_geometric")
+
+import wsym.metanet
+from wsym.cli import main as cli
+from wsym.io import save_state_dict
+from wsym.io.resources import MODELS
+from wsym.zoo import load
+
+ROOT = MODELS.parent
+PARK_MODEL = MODELS / "metanet-mnist1d-park.safetensors"
+PARK_ZOO = ROOT / "data" / "zoos" / "mnist1d-park"
+
+
+def _one_per_family(zoo) -> dict:
+    out = {}
+    for r in zoo.table:
+        family = r["architecture"]["name"]
+        if r["split"] in ("test", "test_arch") and family not in out:
+            out[family] = r["id"]
+    return out
+
+
+def test_predict_accepts_every_park_family(tmp_path, capsys):
+    if not PARK_ZOO.is_dir():
+        pytest.skip("no park zoo in this checkout")
+    zoo = load(PARK_ZOO)
+    members = _one_per_family(zoo)
+    assert len(members) == 3  # mlp, cnn and transformer families
+    predictor = wsym.metanet.load(PARK_MODEL)
+    for family, i in members.items():
+        ckpt = tmp_path / f"{family}.safetensors"
+        save_state_dict(zoo.state_dict(i), ckpt)
+        capsys.readouterr()
+        args = ["predict", "--checkpoint", str(ckpt), "--metanet", str(PARK_MODEL), "--json"]
+        assert cli.main(args) == 0, family
+        gap = json.loads(capsys.readouterr().out)["gap"]
+        assert math.isfinite(gap)
+        assert gap == pytest.approx(float(predictor.predict(zoo.state_dict(i))))

@@ -1,0 +1,321 @@
+r"""One meta-network for a park of architectures: fit, predict, save and load on mixed lists.
+
+:class:`ParkNet` reads :class:`~wsym.metanet.universal.UniversalSchema` graphs of
+any architecture with one set of weights (no per-architecture table): role
+encoders (a :class:`~wsym.metanet.layers.TypedEncoder` over the fixed role
+vocabularies, standardized per role on the training graphs),
+``layers`` x :class:`~wsym.metanet.layers.EdgeNodeConv`, and a readout of the
+mean and max of the nodes of each group (inputs, hidden, outputs) and the mean
+of the edges of each role, with the architecture descriptors, into a
+perceptron: the *graph branch*. The *statistics branch*
+(:class:`~wsym.metanet.statistics.StatisticsEnsemble`) reads the bucketed
+per-tensor statistics ``stat_x``. ``branches`` picks ``"both"``, ``"stats"`` or
+``"graph"``; two branches are combined by ``combine``: ``"blend"``
+(:math:`(1 - \beta)\,s + \beta\,g`, each branch trained on its own and the
+weight :math:`\beta`, buffer ``graph_weight``, chosen on the validation
+members) or ``"residual"`` (:math:`s + g`, the graph branch trained on the
+frozen statistics branch's residual, as :func:`wsym.metanet.fit`).
+
+Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
+once per architecture on ``example_inputs``: a tensor, or a callable
+``model -> inputs``), ``(spec, state_dict)`` pairs, or bare state dicts of an
+architecture the predictor already knows (matched by tensor names and shapes;
+where several known architectures share them, e.g. MLPs differing only in
+the activation, :meth:`ParkPredictor.predict` averages over those).
+
+Example:
+    >>> import torch
+    >>> from wsym.metanet.park_fit import fit_park
+    >>> from wsym.models.networks import MLP
+    >>> ms = [(MLP(3, [w], 2), None) for w in (4, 5) for _ in range(4)]
+    >>> ms = [(m, m.state_dict()) for m, _ in ms]
+    >>> y = torch.tensor([float(sd["0.weight"].norm()) for _, sd in ms])
+    >>> p = fit_park(ms, y, example_inputs=torch.randn(2, 3), epochs=1, stat_epochs=2)
+    >>> p.predict(ms).shape
+    torch.Size([8])
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.utils import scatter
+
+from wsym.detect import detect
+from wsym.errors import WsymInputError, check_finite
+from wsym.group.spec import SymmetrySpec
+from wsym.metanet.invariant import invariant_form
+from wsym.metanet.layers import EdgeNodeConv, TypedEncoder, mlp
+from wsym.metanet.statistics import StatisticsEnsemble
+from wsym.metanet.universal import (
+    ATTR_ROLES,
+    ATTR_WIDTH,
+    DESCRIPTORS,
+    EDGE_ROLES,
+    EDGE_WIDTH,
+    NODE_GROUPS,
+    NODE_WIDTH,
+    STAT_WIDTH,
+    UniversalSchema,
+    matching,
+    signature_of,
+)
+
+PARK_FORMAT = "park-1"
+BRANCHES = ("both", "stats", "graph")
+COMBINE = ("blend", "residual")
+
+
+class ParkNet(nn.Module):
+    """Graph branch + statistics branch over universal graphs (see the module doc).
+
+    Args:
+        hidden: width; layers: message-passing rounds; outputs: targets.
+        stat_hidden, members: the statistics branch's width and ensemble size.
+        trees: boosting stages of the trees blended into the statistics branch (0: none).
+        branches: ``"both"``, ``"stats"`` or ``"graph"``.
+        combine: ``"blend"`` or ``"residual"`` (how two branches are combined).
+    """
+
+    def __init__(
+        self,
+        hidden: int = 32,
+        layers: int = 2,
+        outputs: int = 1,
+        stat_hidden: int = 64,
+        members: int = 5,
+        branches: str = "both",
+        trees: int = 0,
+        combine: str = "blend",
+    ):
+        super().__init__()
+        if branches not in BRANCHES:
+            raise WsymInputError(f"branches must be one of {', '.join(BRANCHES)}, got {branches!r}")
+        if combine not in COMBINE:
+            raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
+        self.branches, self.combine = branches, combine
+        self.register_buffer("graph_weight", torch.tensor(0.5))
+        self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
+        self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
+        self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
+        self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
+        pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
+        self.head = mlp(pooled, hidden, outputs)
+        self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
+
+    def fit_inputs(self, batch) -> None:
+        """Per-role standardization of the raw features from the training graphs."""
+        self.node_enc.fit(batch.node_x.float(), torch.zeros_like(batch.node_group))
+        self.attr_enc.fit(batch.attr_x.float(), batch.attr_role)
+        self.edge_enc.fit(batch.edge_x.float(), batch.edge_role)
+
+    def forward(self, batch) -> Tensor:
+        """``(B, outputs)``: the branches in use, blended or added."""
+        if self.branches == "stats":
+            return self.stats(batch.stat_x)
+        if self.branches == "graph":
+            return self.graph_branch(batch)
+        g, s = self.graph_branch(batch), self.stats(batch.stat_x)
+        if self.combine == "residual":
+            return g + s
+        beta = self.graph_weight.to(g.dtype)
+        return (1 - beta) * s.to(g.dtype) + beta * g
+
+    def graph_branch(self, batch) -> Tensor:
+        """``(B, outputs)`` the message-passing branch alone."""
+        dtype = self.head[0].weight.dtype
+        n, b = batch.num_nodes, batch.num_graphs
+        h = self.node_enc(batch.node_x.to(dtype), torch.zeros_like(batch.node_group))
+        a = self.attr_enc(batch.attr_x.to(dtype), batch.attr_role)
+        h = h + scatter(a, batch.attr_node, 0, dim_size=n, reduce="sum")
+        e = self.edge_enc(batch.edge_x.to(dtype), batch.edge_role)
+        for conv in self.convs:
+            h, e = conv(h, batch.edge_index, e)
+        groups = batch.batch * len(NODE_GROUPS) + batch.node_group
+        size = b * len(NODE_GROUPS)
+        mean = scatter(h, groups, 0, dim_size=size, reduce="mean")
+        top = scatter(h, groups, 0, dim_size=size, reduce="max")
+        roles = batch.batch[batch.edge_index[1]] * len(EDGE_ROLES) + batch.edge_role
+        edges = scatter(e, roles, 0, dim_size=b * len(EDGE_ROLES), reduce="mean")
+        pooled = [mean.view(b, -1), top.view(b, -1), edges.view(b, -1), batch.graph_x.to(dtype)]
+        return self.head(torch.cat(pooled, dim=1))
+
+
+_KEYS: dict[int, tuple[SymmetrySpec, str]] = {}
+
+
+def spec_key(spec: SymmetrySpec) -> str:
+    """The spec's JSON (memoized per spec object: it is immutable)."""
+    got = _KEYS.get(id(spec))
+    if got is None or got[0] is not spec:
+        got = _KEYS[id(spec)] = (spec, spec.to_json())
+    return got[1]
+
+
+class ParkPredictor:
+    """Predicts targets from state dicts of any architecture it knows (or is given).
+
+    Attributes:
+        net: the :class:`ParkNet`.
+        specs: ``{signature key: spec}`` of the known architectures.
+        config: hyperparameters, target names and scaling, training report.
+    """
+
+    def __init__(self, net: ParkNet, specs: dict, config: dict, example_inputs=None):
+        self.net, self.config, self.example_inputs = net, config, example_inputs
+        self.schemas = {k: UniversalSchema.from_spec(s) for k, s in specs.items()}
+        self._detected: dict[tuple, str] = {}  # module class and tensors -> spec key
+        self.net.eval()
+
+    @property
+    def specs(self) -> dict:  # noqa: D102
+        return {k: s.spec for k, s in self.schemas.items()}
+
+    def add_architecture(self, spec: SymmetrySpec) -> UniversalSchema:
+        """Know ``spec``'s architecture (bare state dicts of it are then accepted)."""
+        key = spec_key(spec)
+        if key not in self.schemas:  # same tensors, other symmetries (activation): both kept
+            self.schemas[key] = UniversalSchema.from_spec(spec)
+        return self.schemas[key]
+
+    def _schemas(self, member, i: int) -> tuple[list[UniversalSchema], dict]:
+        """The schemas ``member`` may be of, and its state dict.
+
+        Several for a bare state dict whose tensors two known architectures share
+        (e.g. MLPs that differ in the activation).
+        """
+        if isinstance(member, dict):
+            return matching(self.schemas, member, i), member
+        if not isinstance(member, (tuple, list)) or len(member) != 2:
+            raise WsymInputError(
+                f"member {i} is a {type(member).__name__}; pass (model, state_dict), "
+                "(spec, state_dict) or a state dict"
+            )
+        head, sd = member
+        if isinstance(head, SymmetrySpec):
+            return [self.add_architecture(head)], sd
+        if not isinstance(head, nn.Module):
+            raise WsymInputError(
+                f"member {i} pairs a {type(head).__name__} with its state dict; "
+                "use an nn.Module or a SymmetrySpec"
+            )
+        key = self._detected.get(_module_key(head, sd))
+        if key is None:
+            x = self.example_inputs
+            if x is None:
+                raise WsymInputError(
+                    f"member {i}: a new architecture ({type(head).__name__}) needs "
+                    "example_inputs to detect its symmetries"
+                )
+            spec = detect(head, x(head) if callable(x) else x)
+            key = self._detected[_module_key(head, sd)] = spec_key(spec)
+            self.add_architecture(spec)
+        return [self.schemas[key]], sd
+
+    def graph_of(self, schema: UniversalSchema, sd: dict, i: int, canonical: bool = True):
+        """The universal graph of state dict number ``i`` as ``schema`` reads it (checked)."""
+        try:
+            schema.check(sd)
+        except WsymInputError as err:
+            raise WsymInputError(f"state dict {i}: {err}") from None
+        check_finite(sd, f"state dict {i}")
+        return schema.graph(invariant_form(sd, schema.spec) if canonical else _float64(sd))
+
+    def graphs(self, members: list, canonical: bool = True) -> list:
+        """Universal graphs of ``members`` (invariant forms unless ``canonical=False``).
+
+        Raises:
+            WsymInputError: unknown architecture, NaN weights, or a bare state dict
+                that fits several known architectures (pass it with its model).
+        """
+        out = []
+        for i, m in enumerate(members):
+            schemas, sd = self._schemas(m, i)
+            if len(schemas) > 1:
+                raise WsymInputError(
+                    f"state dict {i} fits {len(schemas)} known architectures (same tensors, "
+                    "other symmetries); pass it as (model, state_dict)"
+                )
+            out.append(self.graph_of(schemas[0], sd, i, canonical))
+        return out
+
+    @torch.no_grad()
+    def predict_graphs(self, graphs: list, batch_size: int = 64) -> Tensor:
+        """Predictions ``(n,)`` (or ``(n, targets)``) in target units, from prepared graphs."""
+        from wsym.metanet.graph import batch_graphs
+
+        self.net.eval()
+        parts = [
+            self.net(batch_graphs(graphs[i : i + batch_size]))
+            for i in range(0, len(graphs), batch_size)
+        ]
+        k = len(self.config["targets"])
+        y = torch.cat(parts).double() if parts else torch.zeros(0, k)
+        y = y * torch.tensor(self.config["target_std"]) + torch.tensor(self.config["target_mean"])
+        return y[:, 0] if k == 1 else y
+
+    def predict(self, members) -> Tensor:
+        """Predicted targets for a mixed list of members (or one member / state dict)."""
+        single = isinstance(members, dict) or (
+            isinstance(members, tuple) and len(members) == 2 and isinstance(members[1], dict)
+        )
+        owner, graphs = [], []
+        for i, m in enumerate([members] if single else list(members)):
+            schemas, sd = self._schemas(m, i)
+            owner += [i] * len(schemas)
+            graphs += [self.graph_of(s, sd, i, True) for s in schemas]
+        y = self.predict_graphs(graphs)
+        if len(graphs) > len(set(owner)):  # ambiguous bare state dicts: the mean over candidates
+            index = torch.tensor(owner)
+            y = scatter(y, index, 0, dim_size=int(index.max()) + 1, reduce="mean")
+        return y[0] if single else y
+
+    def double(self) -> ParkPredictor:
+        """Run the network in float64 (for invariance checks at round-off level)."""
+        self.net.double()
+        return self
+
+    def save(self, path: str | os.PathLike) -> None:
+        """One ``.safetensors`` file: tensors + the JSON config and every known spec."""
+        from wsym.metanet.predictor import write_file
+
+        meta = {
+            "format": PARK_FORMAT,
+            "specs": [s.spec.to_json() for s in self.schemas.values()],
+            **self.config,
+        }
+        write_file(path, self.net, meta)
+
+
+def from_config(config: dict, tensors: dict) -> ParkPredictor:
+    """A :class:`ParkPredictor` from a file's JSON config and tensors (see ``load``)."""
+    specs = [SymmetrySpec.from_json(s) for s in config.pop("specs")]
+    config.pop("format", None)
+    net = network_of(config, len(config["targets"]))
+    net.load_state_dict(tensors)
+    return ParkPredictor(net, {spec_key(s): s for s in specs}, config)
+
+
+def network_of(config: dict, outputs: int) -> ParkNet:
+    """A fresh :class:`ParkNet` sized by a predictor's config."""
+    return ParkNet(
+        config["hidden"],
+        config["layers"],
+        outputs,
+        config["stat_hidden"],
+        config["members"],
+        config["branches"],
+        config.get("trees", 0),
+        config.get("combine", "blend"),
+    )
+
+
+def _module_key(model: nn.Module, sd: dict) -> tuple:
+    """What identifies an architecture for detection caching: the class, its repr, the shapes."""
+    return (type(model).__qualname__, repr(model), tuple(sorted(signature_of(sd).items())))
+
+
+def _float64(sd: dict) -> dict:
+    return {k: v.detach().double() if v.is_floating_point() else v for k, v in sd.items()}

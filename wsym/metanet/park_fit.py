@@ -1,0 +1,215 @@
+r"""Training one :class:`~wsym.metanet.park.ParkNet` on a mixed list of architectures.
+
+The same two stages as :func:`wsym.metanet.fit` (whose training loops this
+reuses), on :class:`~wsym.metanet.universal.UniversalSchema` graphs: the
+statistics branch on the bucketed statistics, then the graph branch, and with
+``branches="both"`` their combination: ``combine="blend"`` trains the graph
+branch on its own and picks the weight of the two on the validation members
+(from :data:`BLENDS`); ``"residual"`` trains it on the frozen statistics
+branch's residual and keeps it only where it raises the validation Kendall tau.
+One branch alone: ``"stats"``, ``"graph"``. Targets are
+standardized (``target_transform="standard"``) or first mapped to their
+normal scores (``"rank"``: the rank-based inverse normal transform, robust
+to the heavy tails of generalization gaps across architectures; predictions
+are then monotone in the targets' ranks, which is what Kendall tau reads).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from wsym.errors import WsymInputError
+from wsym.metanet.fit import BLENDS, FitConfig, _train, _train_statistics, split_validation
+from wsym.metanet.graph import batch_graphs
+from wsym.metanet.metrics import kendall_tau
+from wsym.metanet.park import ParkPredictor, network_of
+
+
+def normal_scores(y: torch.Tensor) -> torch.Tensor:
+    r"""Columnwise :math:`\Phi^{-1}((r - 1/2) / n)` of the ranks ``r`` (ties: average).
+
+    Example:
+        >>> normal_scores(torch.tensor([[3.0], [1.0], [2.0]]))[:, 0].round(decimals=3).tolist()
+        [0.967, -0.967, 0.0]
+    """
+    from scipy.stats import rankdata
+
+    r = torch.as_tensor(rankdata(y.numpy(), axis=0), dtype=torch.float64)
+    return torch.special.ndtri((r - 0.5) / len(y))
+
+
+def fit_park(
+    checkpoints: list,
+    targets,
+    *,
+    validation: tuple[list, object] | None = None,
+    example_inputs=None,
+    target_names: tuple[str, ...] = ("gap",),
+    seed: int = 0,
+    branches: str = "both",
+    combine: str = "blend",
+    target_transform: str = "standard",
+    predictor: ParkPredictor | None = None,
+    graphs=None,
+    val_graphs=None,
+    config: FitConfig | None = None,
+    **options,
+) -> ParkPredictor:
+    """Train one meta-network on ``checkpoints`` of any architectures.
+
+    Args:
+        checkpoints: ``(model, state_dict)`` / ``(spec, state_dict)`` pairs, mixed architectures.
+        targets: ``(n,)`` or ``(n, k)``; the first column drives early stopping.
+        validation: ``(checkpoints, targets)`` for early stopping (default: a seeded
+            ``config.val_fraction`` of ``checkpoints``).
+        example_inputs: inputs (or ``model -> inputs``) to detect new architectures on.
+        target_names: names of the target columns (stored with the predictor).
+        seed: seeds the initialization, the batch orders and the default validation split.
+        branches: ``"both"``, ``"stats"`` or ``"graph"``.
+        combine: ``"blend"`` or ``"residual"`` (see the module doc).
+        target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
+        predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
+        graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
+        val_graphs: the same for ``validation[0]``.
+        config: the hyperparameters (:class:`~wsym.metanet.fit.FitConfig`).
+        **options: fields of :class:`~wsym.metanet.fit.FitConfig` replacing those of ``config``.
+    """
+    c = FitConfig.of(config, options)
+    if target_transform not in ("standard", "rank"):
+        raise WsymInputError(f"target_transform is 'standard' or 'rank', got {target_transform!r}")
+    y = torch.as_tensor(targets, dtype=torch.float64)
+    y = y[:, None] if y.ndim == 1 else y
+    if len(y) != len(checkpoints) or len(checkpoints) < 2:
+        raise WsymInputError(
+            f"need one target per checkpoint and at least 2 of them, got {len(checkpoints)} "
+            f"checkpoints and {len(y)} targets"
+        )
+    meta = {
+        "targets": list(target_names)[: y.shape[1]] or [f"y{i}" for i in range(y.shape[1])],
+        "hidden": c.hidden,
+        "layers": c.layers,
+        "stat_hidden": c.stat_hidden,
+        "members": c.members,
+        "branches": branches,
+        "trees": c.trees,
+        "combine": combine,
+        "target_transform": target_transform,
+    }
+    torch.manual_seed(seed)
+    net = network_of(meta, y.shape[1])
+    p = ParkPredictor(net, predictor.specs if predictor else {}, meta, example_inputs)
+    graphs = p.graphs(checkpoints) if graphs is None else list(graphs)
+    graphs, y, val_graphs, y_val = split_validation(
+        graphs, y, validation, val_graphs, p.graphs, c.val_fraction, seed
+    )
+    # rank: train on normal scores, report in standardized units of those scores
+    z = normal_scores(y) if target_transform == "rank" else y
+    mean, std = z.mean(0), z.std(0).clamp(min=1e-12)
+    meta.update(target_mean=mean.tolist(), target_std=std.tolist())
+    z = (z - mean) / std
+    whole = batch_graphs(graphs)
+    net.fit_inputs(whole)
+    start = time.perf_counter()
+    stat_tau = float("nan")
+    if branches != "graph":
+        # validation targets on the training scale only matter for ranking (tau)
+        z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
+        stat_tau, _ = _train_statistics(
+            net.stats,
+            whole.stat_x,
+            z.float(),
+            batch_graphs(val_graphs).stat_x,
+            z_val,
+            epochs=c.stat_epochs,
+            patience=c.stat_patience,
+            lr=c.stat_lr,
+            seed=seed,
+        )
+    stat_seconds = time.perf_counter() - start
+    nn.init.zeros_(net.head[-1].weight)
+    nn.init.zeros_(net.head[-1].bias)
+    net.stats.requires_grad_(False)
+    blend = branches == "both" and combine == "blend"
+    if blend:
+        net.branches = "graph"  # trained on its own, then weighed against the statistics
+    report = _train(
+        p,
+        graphs,
+        z,
+        val_graphs,
+        y_val,
+        epochs=c.epochs if branches != "stats" else 0,
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        batch_size=c.batch_size,
+        rank_weight=c.rank_weight,
+        patience=c.patience,
+        seed=seed,
+    )
+    report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
+    if blend:
+        net.branches = "both"
+        report["graph_val_tau"] = report["val_tau"]
+        report["blend_val_taus"] = taus = {}
+        for beta in BLENDS:
+            net.graph_weight.fill_(beta)
+            taus[beta] = kendall_tau(y_val[:, 0], _first(p.predict_graphs(val_graphs)))
+        best = max(taus, key=lambda b: (taus[b], -b))  # ties: the smaller graph weight
+        net.graph_weight.fill_(best)
+        report.update(graph_weight=best, val_tau=taus[best])
+    meta["report"] = report
+    return p
+
+
+def _first(y: torch.Tensor) -> torch.Tensor:
+    return y if y.ndim == 1 else y[:, 0]
+
+
+def zoo_members(zoo, ids) -> list:
+    """``(spec, state_dict)`` of the zoo members ``ids``, detected once per architecture."""
+    import json
+
+    from wsym.detect import detect
+
+    cache = zoo.__dict__.setdefault("_park_specs", {})
+    out = []
+    for i in ids:
+        arch = json.dumps(zoo.row(i)["architecture"], sort_keys=True)
+        if arch not in cache:
+            cache[arch] = detect(zoo.model(i), zoo.example_inputs())
+        out.append((cache[arch], zoo.state_dict(i)))
+    return out
+
+
+def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[ParkPredictor, dict]:
+    """Fit on a zoo's ``train`` split (``val`` for early stopping); it knows every architecture.
+
+    Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
+    (the held-out members and architectures; absent splits left out).
+    """
+    ids = {s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}
+    y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
+    members = {s: zoo_members(zoo, v) for s, v in ids.items()}
+    p = fit_park(
+        members["train"],
+        y["train"],
+        validation=(members["val"], y["val"]),
+        target_names=(target,),
+        seed=seed,
+        **options,
+    )
+    for spec, _ in members["test"] + members["test_arch"]:
+        p.add_architecture(spec)
+    taus = {
+        s: kendall_tau(torch.tensor(y[s]), p.predict(members[s]))
+        for s in ("test", "test_arch")
+        if len(ids[s]) > 1
+    }
+    p.config["card"] = {"splits": {s: len(v) for s, v in ids.items()}, "test_tau": taus}
+    return p, taus
+
+
+SPLITS = ("train", "val", "test", "test_arch")
