@@ -11,7 +11,7 @@ from wsym.detect.analyze import analyze, live_nodes
 from wsym.detect.solve import solve
 from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.networkx import to_networkx
-from wsym.graph.trace import trace
+from wsym.graph.trace import record_trace
 from wsym.graph.trace_types import Traced
 from wsym.spec import SymmetrySpec
 from wsym.verify import float64_probe, screen, tied_keys
@@ -42,7 +42,8 @@ def detect(
 ) -> SymmetrySpec:
     """Detect the parameter-space symmetries of ``model`` and verify each numerically.
 
-    The model is traced with ``torch.export`` in eval mode; one rule per operation
+    One forward pass in eval mode is recorded as an ATen graph
+    (:func:`~wsym.graph.trace.record_trace`); one rule per operation
     couples tensor axes into classes and decides which groups act on each (see
     :mod:`wsym.detect.rules`). Every candidate is then checked in float64 by
     acting with random elements (group testing: sets are checked jointly and
@@ -70,7 +71,7 @@ def detect(
         ['permutation', 'scaling']
     """
     check_finite(model.state_dict())
-    traced = trace(model, example_inputs)
+    traced = record_trace(model, example_inputs)
     spec = find_candidates(traced, model)
     if verify:
         spec = verify_candidates(spec, model, example_inputs, seed=seed)

@@ -152,10 +152,14 @@ def _writes_into_input(node) -> bool:
 
 
 def _is_float_op(node) -> bool:
-    """Ops whose outputs are all floating point (integer/bool ops carry indices, masks)."""
+    """Ops whose (first) output is floating point (integer/bool ops carry indices, masks).
+
+    Of an op with several outputs only the first decides: ``max_pool2d_with_indices``
+    computes its values in floating point, the indices are a by-product its rule reads.
+    """
     val = node.meta.get("val")
-    vals = val if isinstance(val, list | tuple) else [val]
-    return all(hasattr(v, "dtype") and v.dtype.is_floating_point for v in vals if v is not None)
+    vals = [v for v in (val if isinstance(val, list | tuple) else [val]) if v is not None]
+    return bool(vals) and hasattr(vals[0], "dtype") and vals[0].dtype.is_floating_point
 
 
 def analyze(traced: Traced, ties=()) -> Context:

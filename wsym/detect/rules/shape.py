@@ -13,6 +13,24 @@ def identity(ctx: Context, node) -> None:
     ctx.layouts[node.name] = list(ctx.layouts[node.args[0].name])
 
 
+def restride(ctx: Context, node) -> None:
+    """as_strided_(x, size, stride): identity where only the strides of size-1 axes change.
+
+    Kernels restride their outputs in place (``mean`` over spatial axes with
+    ``keepdim``); any other reinterpretation of the storage blocks.
+    """
+    x, size, stride = node.args[0], arg(node, 1, "size"), arg(node, 2, "stride")
+    old = x.meta["val"]
+    same = (
+        tuple(size) == tuple(old.shape)
+        and arg(node, 3, "storage_offset") in (None, old.storage_offset())
+        and all(n == 1 or s == t for n, s, t in zip(size, stride, old.stride(), strict=True))
+    )
+    if not same:
+        raise ValueError(f"as_strided_ to {tuple(size)} / {tuple(stride)} reinterprets the storage")
+    identity(ctx, node)
+
+
 def dropout(ctx: Context, node) -> None:
     """Dropout: identity in eval mode; a training-mode dropout is random and blocks."""
     if arg(node, 2, "train", False):
@@ -471,6 +489,7 @@ IDENTITY = [
     "alias",
     "detach",
     "lift_fresh_copy",
+    "lift_fresh",
     "_to_copy",
     "to",
     "type_as",
@@ -504,6 +523,7 @@ VIEWS = ["view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "
 VIEWS += ["reshape_as", "view_as"]  # the shape comes from the node, not the second operand
 
 RULES = {f"aten::{n}": identity for n in IDENTITY}
+RULES["aten::as_strided_"] = restride
 RULES.update({f"aten::{n}": constant for n in CONSTANTS})
 RULES.update({f"aten::{n}": view for n in VIEWS})
 RULES.update(
