@@ -85,7 +85,7 @@ class TraceClock:
 
     def __enter__(self):
         self.module = sys.modules["wsym.detect"]
-        self.original, self.seconds, self.exported = self.module.record_trace, 0.0, False
+        self.original, self.seconds, self.exported = self.module.detection_trace, 0.0, False
         clock = self
 
         def timed(*args, **kwargs):
@@ -97,11 +97,11 @@ class TraceClock:
             finally:
                 clock.seconds += time.process_time() - start
 
-        self.module.record_trace = timed
+        self.module.detection_trace = timed
         return self
 
     def __exit__(self, *exc):
-        self.module.record_trace = self.original
+        self.module.detection_trace = self.original
         return False
 
 

@@ -146,6 +146,20 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
         ctx.layouts[node.name] = _fresh_like(ctx, node, reason)
 
 
+def unknown_ops(traced: Traced) -> list[str]:
+    """Names of the ops without a rule that the outputs read and the parameters reach."""
+    free = parameter_free(traced.graph, set(traced.parameters))
+    live = live_nodes(traced.graph)
+    out = []
+    for node in traced.graph.nodes:
+        if node.op != "call_function" or node.name in free or node.name not in live:
+            continue
+        name = rule_name(node)
+        if name not in RULES and not (name.endswith("_") and name[:-1] in RULES):
+            out.append(name)
+    return out
+
+
 def _writes_into_input(node) -> bool:
     target = node.args[0] if node.args else None
     return not isinstance(target, torch.fx.Node) or target.op != "call_function"

@@ -93,7 +93,9 @@ class _Recorder(TorchDispatchMode):
         if _dynamic_shape(func, args):
             raise dynamic_shape_error(func)
         out = func(*args, **kwargs)
-        node = self.graph.call_function(func, *arg_nodes)
+        # named like torch.export's nodes (``relu``, ``relu_1``), not ``relu_default``
+        name = func._schema.name.split("::")[-1]
+        node = self.graph.create_node("call_function", func, *arg_nodes, name=name)
         node.meta["val"] = tree_map(_shape_only, out)
         if any(n.name in self.dependent for n in node.all_input_nodes):
             self.dependent.add(node.name)

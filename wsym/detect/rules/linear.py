@@ -268,7 +268,7 @@ def _attention(ctx: Context, node, mask, dropout: float, gqa: bool, out_shape) -
     lq, lk, lv = (ctx.layouts[t.name] for t in (q, k, v))
     out = ctx.fresh(out_shape)
     nb = len(out_shape) - 2
-    gqa = gqa and shape(q)[-3] != shape(k)[-3]
+    gqa = gqa and shape(k)[-3] > 1 and shape(q)[-3] != shape(k)[-3]  # one head broadcasts
     for pos in range(nb):
         dims = {}
         for name, t, lay in (("q", q, lq), ("k", k, lk), ("v", v, lv)):

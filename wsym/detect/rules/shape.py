@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context, Dep
-from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
+from wsym.detect.rules.common import FILLS, _schema_name, arg, is_tensor, is_zero, norm_dim, shape
 from wsym.detect.rules.elementwise import NONLINEAR
 
 
@@ -61,22 +61,7 @@ def constant(ctx: Context, node) -> None:
         ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
 
 
-ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
-FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
 FILLED = {*FILLS, "aten::ones", "aten::ones_like", "aten::new_ones"}
-
-
-def _schema_name(node) -> str:
-    schema = getattr(getattr(node, "target", None), "_schema", None)
-    return schema.name if schema is not None else ""
-
-
-def is_zero(node) -> bool:
-    """Whether ``node`` creates a tensor of zeros (``zeros``, ``full(..., 0)``, ...)."""
-    name = _schema_name(node)
-    if name in ZEROS:
-        return True
-    return name in FILLS and len(node.args) > FILLS[name] and node.args[FILLS[name]] == 0
 
 
 def _groups(in_shape, out_shape):
