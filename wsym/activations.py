@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
+from wsym.detect import detection_trace
 from wsym.errors import WsymInputError
-from wsym.graph.trace import model_inputs, trace
+from wsym.graph.record import recorded_values
+from wsym.graph.trace import eval_mode, model_inputs
 
 
 class _Capture(torch.fx.Interpreter):
@@ -33,17 +35,15 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
         raise WsymInputError(
             "no batches given for activation matching; pass a few (inputs, targets)"
         )
-    traced = trace(model, batches[0][0])
-    if traced.program is None:
-        raise WsymInputError(
-            "activation matching needs a model torch.export can trace; use method='weights'"
-        )
-    gm = traced.program.module()  # shares the model's tensors: swap them in, never modify them
+    traced = detection_trace(model, batches[0][0])  # the graph the sites name nodes of
     state = {
         k: v.detach().to(torch.float64) if v.is_floating_point() else v
         for k, v in state_dict.items()
     }
     wanted = {node for node, _ in sites}
+    if traced.program is None:
+        return _recorded(model, state, batches, sites, wanted)
+    gm = traced.program.module()  # shares the model's tensors: swap them in, never modify them
     out: dict = {site: [] for site in sites}
     shape = _shapes(batches[0][0])
     with torch.no_grad(), _reparametrize_module(gm, state, strict=False):
@@ -58,6 +58,30 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
             interp.run(*args, *kwargs.values())
             for node, d in sites:
                 x = interp.seen[node]
+                out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
+    return {site: torch.cat(v) for site, v in out.items()}
+
+
+def _recorded(model, state: dict, batches, sites, wanted: set) -> dict:
+    """Site activations of a recorded graph: the same recording, keeping those values."""
+    out: dict = {site: [] for site in sites}
+    shape = _shapes(batches[0][0])
+    with _reparametrize_module(model, state, strict=False), eval_mode(model):
+        for inputs, _ in batches:
+            if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
+                continue
+            args, kwargs = model_inputs(model, inputs)
+            args = tuple(
+                a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+            )
+            seen = recorded_values(model, args, kwargs, wanted)
+            if not wanted <= set(seen):
+                raise WsymInputError(
+                    "activation matching: the model's float64 forward pass runs other "
+                    "operations than the traced one; use method='weights'"
+                )
+            for node, d in sites:
+                x = seen[node]
                 out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
     return {site: torch.cat(v) for site, v in out.items()}
 

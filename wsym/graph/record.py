@@ -59,9 +59,12 @@ class _Recorder(TorchDispatchMode):
     (computed from neither inputs, weights nor buffers: a mask built in place).
     """
 
-    def __init__(self, graph: torch.fx.Graph, nodes: WeakIdKeyDictionary, dependent: set):
+    def __init__(
+        self, graph: torch.fx.Graph, nodes: WeakIdKeyDictionary, dependent: set, keep=frozenset()
+    ):
         super().__init__()
         self.graph, self.nodes, self.constants = graph, nodes, 0
+        self.keep, self.kept = keep, {}  # node names whose values to keep, and those values
         self.dependent = dependent  # names of nodes computed from inputs, weights or buffers
         self.tainted = WeakIdKeyDictionary()  # bases written (through a view) with such values
 
@@ -104,6 +107,8 @@ class _Recorder(TorchDispatchMode):
                     if isinstance(a, torch.Tensor):
                         self.tainted[a._base if a._base is not None else a] = True
         versions = _versions_after(func, args, out)
+        if node.name in self.keep:
+            self.kept[node.name] = out
         if isinstance(out, torch.Tensor):
             self.nodes[out] = (node, versions[0])
         elif isinstance(out, list | tuple):
@@ -114,6 +119,8 @@ class _Recorder(TorchDispatchMode):
                     if node.name in self.dependent:
                         self.dependent.add(item.name)
                     self.nodes[o] = (item, versions[i] if i < len(versions) else _version(o))
+                    if item.name in self.keep:
+                        self.kept[item.name] = o
         return out
 
 
@@ -165,6 +172,16 @@ def _versions_after(func, args, out) -> list[int]:
 
 def record(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
     """Trace ``model(*args, **kwargs)`` by recording its ATen calls (under ``no_grad``)."""
+    return _record(model, args, kwargs)[0]
+
+
+def recorded_values(model: torch.nn.Module, args: tuple, kwargs: dict, names) -> dict:
+    """The values of the recorded nodes named ``names`` in one forward pass (same naming
+    as :func:`record`: the same model on inputs of the same shapes gives the same names)."""
+    return _record(model, args, kwargs, frozenset(names))[1]
+
+
+def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
     graph = torch.fx.Graph()
     nodes = WeakIdKeyDictionary()
     parameters, buffers = {}, {}
@@ -184,20 +201,21 @@ def record(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
             node.meta["val"] = _shape_only(t)
             nodes[t] = (node, _version(t))
             inputs.append(node.name)
-    recorder = _Recorder(graph, nodes, {*parameters, *buffers, *inputs})
+    recorder = _Recorder(graph, nodes, {*parameters, *buffers, *inputs}, keep)
     with torch.no_grad(), recorder:
         out = model(*args, **kwargs)
     leaves = [recorder._node(x) for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
     graph.output(tuple(leaves))
     reads = _value_reads(graph, set(inputs) | set(parameters))
     graph.eliminate_dead_code()
-    return Traced(
+    traced = Traced(
         graph=graph,
         parameters=parameters,
         buffers=buffers,
         inputs=tuple(inputs),
         value_reads=tuple(reads),
     )
+    return traced, recorder.kept
 
 
 def _value_reads(graph: torch.fx.Graph, sources: set) -> list[str]:
