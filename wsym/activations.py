@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
@@ -41,49 +43,47 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
         for k, v in state_dict.items()
     }
     wanted = {node for node, _ in sites}
-    if traced.program is None:
-        return _recorded(model, state, batches, sites, wanted)
-    gm = traced.program.module()  # shares the model's tensors: swap them in, never modify them
-    out: dict = {site: [] for site in sites}
-    shape = _shapes(batches[0][0])
-    with torch.no_grad(), _reparametrize_module(gm, state, strict=False):
-        for inputs, _ in batches:
-            if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
-                continue
-            args, kwargs = model_inputs(model, inputs)
-            args = tuple(
-                a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
-            )
-            interp = _Capture(gm, wanted)
-            interp.run(*args, *kwargs.values())
-            for node, d in sites:
-                x = interp.seen[node]
-                out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
-    return {site: torch.cat(v) for site, v in out.items()}
+    if traced.program is None:  # recorded: record again, keeping the sites' values
+        context = _at_state_in_eval(model, state)
 
-
-def _recorded(model, state: dict, batches, sites, wanted: set) -> dict:
-    """Site activations of a recorded graph: the same recording, keeping those values."""
-    out: dict = {site: [] for site in sites}
-    shape = _shapes(batches[0][0])
-    with _reparametrize_module(model, state, strict=False), eval_mode(model):
-        for inputs, _ in batches:
-            if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
-                continue
-            args, kwargs = model_inputs(model, inputs)
-            args = tuple(
-                a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
-            )
+        def values(args, kwargs):
             seen = recorded_values(model, args, kwargs, wanted)
             if not wanted <= set(seen):
                 raise WsymInputError(
                     "activation matching: the model's float64 forward pass runs other "
                     "operations than the traced one; use method='weights'"
                 )
+            return seen
+    else:
+        module = traced.program.module()  # shares the model's tensors: swapped, never modified
+        context = _reparametrize_module(module, state, strict=False)
+
+        def values(args, kwargs):
+            interp = _Capture(module, wanted)
+            interp.run(*args, *kwargs.values())
+            return interp.seen
+
+    out: dict = {site: [] for site in sites}
+    shape = _shapes(batches[0][0])
+    with torch.no_grad(), context:
+        for inputs, _ in batches:
+            if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
+                continue
+            args, kwargs = model_inputs(model, inputs)
+            args = tuple(
+                a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+            )
+            seen = values(args, kwargs)
             for node, d in sites:
                 x = seen[node]
                 out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
     return {site: torch.cat(v) for site, v in out.items()}
+
+
+@contextlib.contextmanager
+def _at_state_in_eval(model: torch.nn.Module, state: dict):
+    with _reparametrize_module(model, state, strict=False), eval_mode(model):
+        yield
 
 
 def _shapes(inputs) -> list[tuple[int, ...]]:
