@@ -31,6 +31,7 @@ class Structure:
         self.atoms = ctx.atoms
         self.info: dict[int, ClassInfo] = {}
         self._canon: dict[int, tuple] = {}
+        self._pinned: dict | None = None
 
     def canon(self, a: int) -> tuple:
         """Occurrence key of atom ``a``: (base atom, path of sub-axis indices)."""
@@ -42,6 +43,19 @@ class Structure:
                 base, path = self.canon(owner[0])
                 self._canon[a] = (base, (*path, owner[1]))
         return self._canon[a]
+
+    def pinned(self, cls: int) -> list[dict]:
+        """``{occurrence key: 1}`` for every leaf of class ``cls`` under a pinned atom.
+
+        The leaves of all pinned atoms are expanded once (a DenseNet has
+        thousands of classes and pinned atoms).
+        """
+        if self._pinned is None:
+            self._pinned = {}
+            for a in self.ctx.atoms.pinned:
+                for k, r, _ in self.leaves(a):
+                    self._pinned.setdefault(r, []).append(k)
+        return [{k: 1} for k in self._pinned.get(cls, [])]
 
     def leaves(self, a: int) -> list[tuple[tuple, int, int]]:
         """``(occurrence key, leaf class, parity)`` for every leaf under atom ``a``."""
@@ -280,7 +294,7 @@ def _class_groups(
 ) -> list[Group]:
     params = tuple(sorted(info.params))
     if info.blocked:  # no permutation or mixing; diagonal groups that leave pinned axes alone
-        pinned = [{k: 1} for a in ctx.atoms.pinned for k, r, _ in st.leaves(a) if r == cls]
+        pinned = st.pinned(cls)
         args = (ctx, cls, info, rows, param_vars, var_ids, layouts, state_keys)
         return _diagonal_groups(*args, pinned)
     if "gl" not in info.breaks and not info.conflict:
