@@ -81,7 +81,7 @@ class Counting:
 
 
 class TraceClock:
-    """CPU seconds spent tracing (recording one forward pass, or ``torch.export`` where that fails)."""
+    """CPU seconds spent tracing (one recorded forward pass, or ``torch.export``)."""
 
     def __enter__(self):
         self.module = sys.modules["wsym.detect"]
@@ -373,6 +373,19 @@ def table(rows: dict) -> str:
             "",
             f"Slowest in {label}: " + ", ".join(f"{r['model']} {r.get(key, 0):.0f}" for r in top),
         ]
+    slow = [r for r in done if r["status"] in ("ok", "FALSE") and not within_budget(r)]
+    out += [
+        "",
+        f"Over the time budget ({len(slow)}): "
+        + (
+            ", ".join(
+                f"{r['model']} {r['detect_s']:.1f} s = {r['passes']:.0f} passes (trace "
+                f"{r.get('trace_s', 0):.1f} s, probe {r.get('probe_passes', 0)} float64 passes)"
+                for r in sorted(slow, key=lambda r: -r["passes"])
+            )
+            or "none"
+        ),
+    ]
     top = sorted(done, key=lambda r: -r.get("memory_mb", 0))[:5]
     out += [
         "",

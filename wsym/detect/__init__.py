@@ -80,8 +80,10 @@ def detect(
 
 
 def detection_trace(model: torch.nn.Module, example_inputs) -> Traced:
-    """The recorded forward pass, or torch.export's graph where the recording holds an op
-    no rule reads (a CPU kernel such as ``mkldnn_rnn_layer``, which export keeps as ``lstm``)."""
+    """The recorded forward pass, or torch.export's graph where that holds an op no rule reads.
+
+    A CPU kernel such as ``mkldnn_rnn_layer`` is one: export keeps it as ``lstm``.
+    """
     traced = record_trace(model, example_inputs)
     if traced.program is None and unknown_ops(traced):
         return trace(model, example_inputs)

@@ -91,8 +91,11 @@ def _source(node, allowed, targets=("aten::linear",), masks=False) -> object | N
 
 
 def _source_linear(node, allowed):
-    """``(linear node, its bias)``: ``linear(x, W, b)``, ``addmm(b, x, W)`` (GPT-2's Conv1D) or,
-    as a recorded ``linear`` of a non-contiguous input reads, ``mm(x, W) + b``."""
+    """``(linear node, its bias)``: ``linear(x, W, b)``, ``addmm(b, x, W)`` or ``mm(x, W) + b``.
+
+    ``addmm`` is GPT-2's Conv1D (and a recorded ``linear``); ``mm + b`` a recorded
+    ``linear`` of a non-contiguous input.
+    """
     lin = _source(node, allowed, targets=("aten::linear", "aten::addmm", "aten::add"))
     if lin is None:
         return None, None

@@ -176,8 +176,11 @@ def record(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
 
 
 def recorded_values(model: torch.nn.Module, args: tuple, kwargs: dict, names) -> dict:
-    """The values of the recorded nodes named ``names`` in one forward pass (same naming
-    as :func:`record`: the same model on inputs of the same shapes gives the same names)."""
+    """The values of the recorded nodes named ``names`` in one forward pass.
+
+    Names as :func:`record` gives them: the same model on inputs of the same
+    shapes gives the same names.
+    """
     return _record(model, args, kwargs, frozenset(names))[1]
 
 
