@@ -215,13 +215,19 @@ def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
     """Per leaf class, every activation with the most samples whose axis is exactly that class.
 
     A residual stream has one such site per block (each sum into the stream);
-    activation matching sums their correlations.
+    activation matching sums their correlations. Only values computed from the
+    model's inputs are activations (a weight's transpose is not).
     """
     best: dict = {}
+    fed = set(traced.inputs)
     for node in traced.graph.nodes:
+        if any(s.name in fed for s in node.all_input_nodes):
+            fed.add(node.name)
         lay = ctx.layouts.get(node.name)
         val = node.meta.get("val")
         if node.op != "call_function" or not isinstance(lay, list) or not hasattr(val, "shape"):
+            continue
+        if node.name not in fed:
             continue
         if not val.dtype.is_floating_point:
             continue

@@ -42,6 +42,10 @@ def _shape_only(x):
         return x
 
 
+def _copy(x):
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
 def _version(t: torch.Tensor) -> int:
     try:
         return t._version
@@ -107,8 +111,8 @@ class _Recorder(TorchDispatchMode):
                     if isinstance(a, torch.Tensor):
                         self.tainted[a._base if a._base is not None else a] = True
         versions = _versions_after(func, args, out)
-        if node.name in self.keep:
-            self.kept[node.name] = out
+        if node.name in self.keep:  # a copy: a later in-place op (relu_) must not change it
+            self.kept[node.name] = tree_map(_copy, out)
         if isinstance(out, torch.Tensor):
             self.nodes[out] = (node, versions[0])
         elif isinstance(out, list | tuple):
@@ -120,7 +124,7 @@ class _Recorder(TorchDispatchMode):
                         self.dependent.add(item.name)
                     self.nodes[o] = (item, versions[i] if i < len(versions) else _version(o))
                     if item.name in self.keep:
-                        self.kept[item.name] = o
+                        self.kept[item.name] = o.clone()
         return out
 
 
