@@ -146,8 +146,22 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
         ctx.layouts[node.name] = _fresh_like(ctx, node, reason)
 
 
+# public ops without a rule that torch.export keeps as they are (no decomposition of
+# an op a rule reads): a recording holding them is read as the export would be
+KEPT_BY_EXPORT = frozenset(
+    f"aten::{n}"
+    for n in (
+        "upsample_nearest2d upsample_bilinear2d upsample_bicubic2d roll addcmul baddbmm "
+        "masked_fill cumsum histc topk sort swapaxes eq fill"
+    ).split()
+)
+
+
 def unknown_ops(traced: Traced) -> list[str]:
-    """Names of the ops without a rule that the outputs read and the parameters reach."""
+    """Names of the ops without a rule that the outputs read and the parameters reach.
+
+    Ops of :data:`KEPT_BY_EXPORT` are left out: an export would not read them either.
+    """
     free = parameter_free(traced.graph, set(traced.parameters))
     live = live_nodes(traced.graph)
     out = []
@@ -155,7 +169,8 @@ def unknown_ops(traced: Traced) -> list[str]:
         if node.op != "call_function" or node.name in free or node.name not in live:
             continue
         name = rule_name(node)
-        if name not in RULES and not (name.endswith("_") and name[:-1] in RULES):
+        known = name in RULES or (name.endswith("_") and name[:-1] in RULES)
+        if not known and name not in KEPT_BY_EXPORT:
             out.append(name)
     return out
 
