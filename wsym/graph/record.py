@@ -29,6 +29,12 @@ from wsym.graph.trace_types import Traced
 # fused inference kernels (nn.MultiheadAttention, nn.TransformerEncoderLayer without
 # gradients) no rule reads: a recording holding one is traced by torch.export instead
 FUSED = ("aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd")
+# ops whose values do not depend on their tensor operand's (only its shape and dtype)
+FACTORIES = {
+    f"{n}{s}"
+    for n in ("new_zeros", "new_ones", "new_empty", "new_full", "zeros_like", "ones_like")
+    for s in ("", "_")
+} | {"empty_like", "full_like"}
 # ops through which a forward pass reads a tensor's value into Python (``if x.sum() > 0``)
 VALUE_READS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
@@ -104,7 +110,7 @@ class _Recorder(TorchDispatchMode):
         name = func._schema.name.split("::")[-1]
         node = self.graph.create_node("call_function", func, *arg_nodes, name=name)
         node.meta["val"] = tree_map(_shape_only, out)
-        if any(n.name in self.dependent for n in node.all_input_nodes):
+        if name not in FACTORIES and any(n.name in self.dependent for n in node.all_input_nodes):
             self.dependent.add(node.name)
             if func._schema.is_mutable:  # the written storage now holds such values
                 for a in tree_flatten((args, kwargs))[0]:
