@@ -75,7 +75,8 @@ class Act(nn.Module):
         (lambda h: h.clamp(0, 6), {"permutation": 1}),
         (lambda h: torch.clamp_min(h, 0), {"permutation": 1, "scaling": 1}),
         (lambda h: torch.div(h, 0.5, rounding_mode="floor"), {"permutation": 1}),
-        (lambda h: torch.maximum(h, torch.zeros(())), {"permutation": 1}),
+        # zeros made in forward are recorded as zeros: this is ReLU
+        (lambda h: torch.maximum(h, torch.zeros(())), {"permutation": 1, "scaling": 1}),
         (nn.GLU(), None),
     ],
 )

@@ -120,15 +120,15 @@ def test_detect_does_not_modify_the_model():
         assert torch.equal(v, before[k])
 
 
-def test_export_fallback_is_verified_on_the_module_and_says_so_in_one_line(capfd):
+def test_data_dependent_control_flow_is_verified_on_the_module_and_said_in_one_line(capfd):
     torch.manual_seed(0)
     model, x = DataDependentClamp(), torch.randn(3, 4)
     with pytest.warns(UserWarning) as record:
         spec = wsym.detect(model, x)
     assert spec.kinds() == {"permutation": 1}  # the specialized trace alone says scaling too
-    fallback = [str(w.message) for w in record if "torch.export failed" in str(w.message)]
-    assert len(fallback) == 1 and "\n" not in fallback[0]
-    assert "verified on the module" in fallback[0]
+    said = [str(w.message) for w in record if "data-dependent control flow" in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0]
+    assert "verified on the module" in said[0]
     assert "def forward" not in capfd.readouterr().err  # no FX graph dump on stderr
     md = copy.deepcopy(model).double()
     for seed in range(3):
@@ -143,8 +143,10 @@ def test_export_fallback_is_verified_on_the_module_and_says_so_in_one_line(capfd
 def test_debug_logging_keeps_torchs_report(caplog):
     import logging
 
+    from wsym.detect.tracing.export import trace  # torch.export, falling back to a recording
+
     with caplog.at_level(logging.DEBUG, logger="wsym"), pytest.warns(UserWarning):
-        wsym.detect(DataDependentClamp(), torch.randn(3, 4))
+        trace(DataDependentClamp(), torch.randn(3, 4))
     assert any("torch.export failed" in r.getMessage() for r in caplog.records)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
-from wsym.detect.tracing.export import trace
+from wsym.detect import detection_trace
+from wsym.detect.tracing.record import recorded_values
 from wsym.errors import WsymInputError
-from wsym.models.calling import model_inputs
+from wsym.models.calling import eval_mode, model_inputs
 
 
 class _Capture(torch.fx.Interpreter):
@@ -34,20 +37,35 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
         raise WsymInputError(
             "no batches given for activation matching; pass a few (inputs, targets)"
         )
-    traced = trace(model, batches[0][0])
-    if traced.program is None:
-        raise WsymInputError(
-            "activation matching needs a model torch.export can trace; use method='weights'"
-        )
-    gm = traced.program.module()  # shares the model's tensors: swap them in, never modify them
+    traced = detection_trace(model, batches[0][0])  # the graph the sites name nodes of
     state = {
         k: v.detach().to(torch.float64) if v.is_floating_point() else v
         for k, v in state_dict.items()
     }
     wanted = {node for node, _ in sites}
+    if traced.program is None:  # recorded: record again, keeping the sites' values
+        context = _at_state_in_eval(model, state)
+
+        def values(args, kwargs):
+            seen = recorded_values(model, args, kwargs, wanted)
+            if not wanted <= set(seen):
+                raise WsymInputError(
+                    "activation matching: the model's float64 forward pass runs other "
+                    "operations than the traced one; use method='weights'"
+                )
+            return seen
+    else:
+        module = traced.program.module()  # shares the model's tensors: swapped, never modified
+        context = _reparametrize_module(module, state, strict=False)
+
+        def values(args, kwargs):
+            interp = _Capture(module, wanted)
+            interp.run(*args, *kwargs.values())
+            return interp.seen
+
     out: dict = {site: [] for site in sites}
     shape = _shapes(batches[0][0])
-    with torch.no_grad(), _reparametrize_module(gm, state, strict=False):
+    with torch.no_grad(), context:
         for inputs, _ in batches:
             if _shapes(inputs) != shape:  # the graph is specialized to the first batch's shapes
                 continue
@@ -55,12 +73,17 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
             args = tuple(
                 a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
             )
-            interp = _Capture(gm, wanted)
-            interp.run(*args, *kwargs.values())
+            seen = values(args, kwargs)
             for node, d in sites:
-                x = interp.seen[node]
+                x = seen[node]
                 out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
     return {site: torch.cat(v) for site, v in out.items()}
+
+
+@contextlib.contextmanager
+def _at_state_in_eval(model: torch.nn.Module, state: dict):
+    with _reparametrize_module(model, state, strict=False), eval_mode(model):
+        yield
 
 
 def _shapes(inputs) -> list[tuple[int, ...]]:

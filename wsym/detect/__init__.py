@@ -7,9 +7,9 @@ import warnings
 
 import torch
 
-from wsym.detect.analyze import analyze, live_nodes
+from wsym.detect.analyze import analyze, live_nodes, unknown_ops
 from wsym.detect.solve import solve
-from wsym.detect.tracing.export import trace
+from wsym.detect.tracing.export import record_trace, trace
 from wsym.detect.tracing.networkx import to_networkx
 from wsym.detect.tracing.traced import Traced
 from wsym.errors import SymmetryWarning, WsymInputError, check_finite
@@ -42,7 +42,8 @@ def detect(
 ) -> SymmetrySpec:
     """Detect the parameter-space symmetries of ``model`` and verify each numerically.
 
-    The model is traced with ``torch.export`` in eval mode; one rule per operation
+    One forward pass in eval mode is recorded as an ATen graph
+    (:func:`detection_trace`); one rule per operation
     couples tensor axes into classes and decides which groups act on each (see
     :mod:`wsym.detect.rules`). Every candidate is then checked in float64 by
     acting with random elements (group testing: sets are checked jointly and
@@ -70,12 +71,23 @@ def detect(
         ['permutation', 'scaling']
     """
     check_finite(model.state_dict())
-    traced = trace(model, example_inputs)
+    traced = detection_trace(model, example_inputs)
     spec = find_candidates(traced, model)
     if verify:
         spec = verify_candidates(spec, model, example_inputs, seed=seed)
     object.__setattr__(spec, "graph", to_networkx(traced))
     return spec
+
+
+def detection_trace(model: torch.nn.Module, example_inputs) -> Traced:
+    """The recorded forward pass, or torch.export's graph where that holds an op no rule reads.
+
+    A CPU kernel such as ``mkldnn_rnn_layer`` is one: export keeps it as ``lstm``.
+    """
+    traced = record_trace(model, example_inputs)
+    if traced.program is None and unknown_ops(traced):
+        return trace(model, example_inputs)
+    return traced
 
 
 def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
@@ -136,4 +148,4 @@ def _replace(spec: SymmetrySpec, groups, aliases, devs) -> SymmetrySpec:
     )
 
 
-__all__ = ["detect", "find_candidates", "verify_candidates"]
+__all__ = ["detect", "detection_trace", "find_candidates", "verify_candidates"]

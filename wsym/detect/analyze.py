@@ -146,16 +146,49 @@ def _apply(ctx: Context, node, quiet: bool = False) -> None:
         ctx.layouts[node.name] = _fresh_like(ctx, node, reason)
 
 
+# public ops without a rule that torch.export keeps as they are (no decomposition of
+# an op a rule reads): a recording holding them is read as the export would be
+KEPT_BY_EXPORT = frozenset(
+    f"aten::{n}"
+    for n in (
+        "upsample_nearest2d upsample_bilinear2d upsample_bicubic2d roll addcmul baddbmm "
+        "masked_fill cumsum histc topk sort swapaxes eq fill"
+    ).split()
+)
+
+
+def unknown_ops(traced: Traced) -> list[str]:
+    """Names of the ops without a rule that the outputs read and the parameters reach.
+
+    Ops of :data:`KEPT_BY_EXPORT` are left out: an export would not read them either.
+    """
+    free = parameter_free(traced.graph, set(traced.parameters))
+    live = live_nodes(traced.graph)
+    out = []
+    for node in traced.graph.nodes:
+        if node.op != "call_function" or node.name in free or node.name not in live:
+            continue
+        name = rule_name(node)
+        known = name in RULES or (name.endswith("_") and name[:-1] in RULES)
+        if not known and name not in KEPT_BY_EXPORT:
+            out.append(name)
+    return out
+
+
 def _writes_into_input(node) -> bool:
     target = node.args[0] if node.args else None
     return not isinstance(target, torch.fx.Node) or target.op != "call_function"
 
 
 def _is_float_op(node) -> bool:
-    """Ops whose outputs are all floating point (integer/bool ops carry indices, masks)."""
+    """Ops whose (first) output is floating point (integer/bool ops carry indices, masks).
+
+    Of an op with several outputs only the first decides: ``max_pool2d_with_indices``
+    computes its values in floating point, the indices are a by-product its rule reads.
+    """
     val = node.meta.get("val")
-    vals = val if isinstance(val, list | tuple) else [val]
-    return all(hasattr(v, "dtype") and v.dtype.is_floating_point for v in vals if v is not None)
+    vals = [v for v in (val if isinstance(val, list | tuple) else [val]) if v is not None]
+    return bool(vals) and hasattr(vals[0], "dtype") and vals[0].dtype.is_floating_point
 
 
 def analyze(traced: Traced, ties=()) -> Context:

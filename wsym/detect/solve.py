@@ -31,6 +31,7 @@ class Structure:
         self.atoms = ctx.atoms
         self.info: dict[int, ClassInfo] = {}
         self._canon: dict[int, tuple] = {}
+        self._pinned: dict | None = None
 
     def canon(self, a: int) -> tuple:
         """Occurrence key of atom ``a``: (base atom, path of sub-axis indices)."""
@@ -42,6 +43,19 @@ class Structure:
                 base, path = self.canon(owner[0])
                 self._canon[a] = (base, (*path, owner[1]))
         return self._canon[a]
+
+    def pinned(self, cls: int) -> list[dict]:
+        """``{occurrence key: 1}`` for every leaf of class ``cls`` under a pinned atom.
+
+        The leaves of all pinned atoms are expanded once (a DenseNet has
+        thousands of classes and pinned atoms).
+        """
+        if self._pinned is None:
+            self._pinned = {}
+            for a in self.ctx.atoms.pinned:
+                for k, r, _ in self.leaves(a):
+                    self._pinned.setdefault(r, []).append(k)
+        return [{k: 1} for k in self._pinned.get(cls, [])]
 
     def leaves(self, a: int) -> list[tuple[tuple, int, int]]:
         """``(occurrence key, leaf class, parity)`` for every leaf under atom ``a``."""
@@ -201,13 +215,19 @@ def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
     """Per leaf class, every activation with the most samples whose axis is exactly that class.
 
     A residual stream has one such site per block (each sum into the stream);
-    activation matching sums their correlations.
+    activation matching sums their correlations. Only values computed from the
+    model's inputs are activations (a weight's transpose is not).
     """
     best: dict = {}
+    fed = set(traced.inputs)
     for node in traced.graph.nodes:
+        if any(s.name in fed for s in node.all_input_nodes):
+            fed.add(node.name)
         lay = ctx.layouts.get(node.name)
         val = node.meta.get("val")
         if node.op != "call_function" or not isinstance(lay, list) or not hasattr(val, "shape"):
+            continue
+        if node.name not in fed:
             continue
         if not val.dtype.is_floating_point:
             continue
@@ -280,7 +300,7 @@ def _class_groups(
 ) -> list[Group]:
     params = tuple(sorted(info.params))
     if info.blocked:  # no permutation or mixing; diagonal groups that leave pinned axes alone
-        pinned = [{k: 1} for a in ctx.atoms.pinned for k, r, _ in st.leaves(a) if r == cls]
+        pinned = st.pinned(cls)
         args = (ctx, cls, info, rows, param_vars, var_ids, layouts, state_keys)
         return _diagonal_groups(*args, pinned)
     if "gl" not in info.breaks and not info.conflict:

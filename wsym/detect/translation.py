@@ -41,6 +41,7 @@ PASS_THROUGH = {
     "aten::narrow",
     "_operator::getitem",
     "aten::dropout",
+    "aten::expand",  # repeated key/value heads (written-out attention, a recorded matmul)
 }
 AXIS_PRESERVING = {
     "aten::contiguous",
@@ -51,6 +52,8 @@ AXIS_PRESERVING = {
 }
 
 
+# reshapes that keep the last axis (a recorded matmul or linear flattens the leading ones)
+RESHAPES = {"aten::view", "aten::_unsafe_view", "aten::reshape"}
 SEGMENT_OPS = {"_operator::getitem", "aten::select", "aten::slice", "aten::narrow"}
 
 
@@ -65,7 +68,8 @@ def _only_user(node, nxt) -> bool:
 def _source(node, allowed, targets=("aten::linear",), masks=False) -> object | None:
     """The ``targets`` node feeding ``node`` through ``allowed`` ops, each read once.
 
-    Multiplication by a number is allowed, and with ``masks`` the addition of
+    Multiplication by a number is allowed, so are reshapes that keep the last
+    axis (the softmax axis), and with ``masks`` the addition of
     another tensor (an attention mask: constant along the softmax axis or not,
     it does not interact with a shift that is constant along it).
     """
@@ -80,16 +84,28 @@ def _source(node, allowed, targets=("aten::linear",), masks=False) -> object | N
             return cur
         scalar_op = name in ("aten::mul", "aten::div") and not is_tensor(cur.args[1])
         mask_op = masks and name in ("aten::add", "aten::sub") and is_tensor(cur.args[0])
-        if name not in allowed and not scalar_op and not mask_op:
+        last_kept = name in RESHAPES and shape(cur)[-1:] == shape(cur.args[0])[-1:]
+        if name not in allowed and not scalar_op and not mask_op and not last_kept:
             return None
         cur, nxt = cur.args[0], cur
 
 
 def _source_linear(node, allowed):
-    """``(linear node, its bias)``: ``linear(x, W, b)`` or ``addmm(b, x, W)`` (GPT-2's Conv1D)."""
-    lin = _source(node, allowed, targets=("aten::linear", "aten::addmm"))
+    """``(linear node, its bias)``: ``linear(x, W, b)``, ``addmm(b, x, W)`` or ``mm(x, W) + b``.
+
+    ``addmm`` is GPT-2's Conv1D (and a recorded ``linear``); ``mm + b`` a recorded
+    ``linear`` of a non-contiguous input.
+    """
+    lin = _source(node, allowed, targets=("aten::linear", "aten::addmm", "aten::add"))
     if lin is None:
         return None, None
+    if rule_name(lin) == "aten::add":
+        bias, product = lin.args[1], lin.args[0]
+        while is_tensor(product) and rule_name(product) in RESHAPES:
+            product = product.args[0]
+        if not (is_tensor(product) and rule_name(product) == "aten::mm" and is_tensor(bias)):
+            return None, None
+        return lin, bias if len(shape(bias)) == 1 else None
     if rule_name(lin) == "aten::addmm":
         bias = lin.args[0]
         return lin, bias if is_tensor(bias) and len(shape(bias)) == 1 else None

@@ -136,9 +136,13 @@ def prelu(ctx: Context, node) -> None:
     out = ctx.like(lx)
     for do, dx in zip(out, lx, strict=True):
         ctx.couple(do, dx, scale="eq", sign="zero", breaks=NONLINEAR)
-    if shape(w) and shape(w)[0] > 1:  # slopes permute with their channels, never rescale
-        lw = ctx.layouts[w.name][0]
-        ctx.couple(out[1 if len(out) > 1 else 0], lw, scale=None, sign=None)
+    wide = [i for i, n in enumerate(shape(w)) if n > 1]
+    if wide:  # slopes permute with their channels, never rescale
+        # prelu's 1-D slopes are per channel (axis 1); _prelu_kernel's broadcast to x
+        i = wide[0]
+        at = (1 if len(out) > 1 else 0) if len(shape(w)) == 1 else i + len(out) - len(shape(w))
+        lw = ctx.layouts[w.name][i]
+        ctx.couple(out[at], lw, scale=None, sign=None)
         for system in ("scale", "sign"):
             ctx.relate(system, [lw], (1,))
     ctx.layouts[node.name] = out

@@ -48,13 +48,34 @@ def broadcast(ctx: Context, node, inputs, scale="eq", sign="eq", breaks=()) -> l
     return out
 
 
+ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
+FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
+
+
+def _schema_name(node) -> str:
+    schema = getattr(getattr(node, "target", None), "_schema", None)
+    return schema.name if schema is not None else ""
+
+
+def is_zero(node) -> bool:
+    """Whether ``node`` creates a tensor of zeros (``zeros``, ``full(..., 0)``, ...)."""
+    name = _schema_name(node)
+    if name in ZEROS:
+        return True
+    return name in FILLS and len(node.args) > FILLS[name] and node.args[FILLS[name]] == 0
+
+
 def constant_along(operands, pos: int, out_shape) -> bool:
-    """Whether some operand is constant along output axis ``pos`` (a nonzero number, broadcast)."""
+    """Whether some operand is constant along output axis ``pos`` (a nonzero number, broadcast).
+
+    A tensor of zeros made in the graph (``scalar_tensor(0.)``, as a recorded
+    ``where(m, x, 0.)`` reads) counts as the number 0.
+    """
     if out_shape[pos] == 1:
         return False
     for t in operands:
-        if not is_tensor(t):
-            if t != 0:
+        if not is_tensor(t) or is_zero(t):
+            if not is_tensor(t) and t != 0:
                 return True
             continue
         i = pos - (len(out_shape) - len(shape(t)))

@@ -238,19 +238,37 @@ def embedding(ctx: Context, node) -> None:
 
 def sdpa(ctx: Context, node) -> None:
     """scaled_dot_product_attention(q, k, v, mask): the classic head-wise GL source."""
+    gqa = arg(node, 7, "enable_gqa", False)
+    ctx.layouts[node.name] = _attention(
+        ctx, node, arg(node, 3, "attn_mask"), arg(node, 4, "dropout_p", 0.0), gqa, shape(node)
+    )
+
+
+def sdpa_cpu(ctx: Context, node) -> None:
+    """_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *, attn_mask).
+
+    What ``scaled_dot_product_attention`` dispatches to on CPU (a recorded trace
+    sees it); outputs ``(attention, logsumexp)``, the second read by nothing.
+    """
+    out_shape, lse_shape = (tuple(v.shape) for v in node.meta["val"][:2])
+    mask = node.kwargs.get("attn_mask")
+    # grouped-query attention reaches this kernel with fewer key/value heads than query heads
+    out = _attention(ctx, node, mask, arg(node, 3, "dropout_p", 0.0), True, out_shape)
+    ctx.layouts[node.name] = (out, ctx.fresh(lse_shape, "attention logsumexp"))
+
+
+def _attention(ctx: Context, node, mask, dropout: float, gqa: bool, out_shape) -> list:
+    """The layout of attention's output (q, k, v are the first three arguments)."""
     q, k, v = node.args[:3]
-    mask = arg(node, 3, "attn_mask")
-    if arg(node, 4, "dropout_p", 0.0):
+    if dropout:
         reason = "attention dropout in training mode"
         for t in (q, k, v):
             ctx.block(ctx.layouts[t.name], reason)
-        ctx.layouts[node.name] = ctx.fresh(shape(node), reason)
-        return
+        return ctx.fresh(out_shape, reason)
     lq, lk, lv = (ctx.layouts[t.name] for t in (q, k, v))
-    out_shape = shape(node)
     out = ctx.fresh(out_shape)
     nb = len(out_shape) - 2
-    gqa = arg(node, 7, "enable_gqa", False) and shape(q)[-3] != shape(k)[-3]
+    gqa = gqa and shape(k)[-3] > 1 and shape(q)[-3] != shape(k)[-3]  # one head broadcasts
     for pos in range(nb):
         dims = {}
         for name, t, lay in (("q", q, lq), ("k", k, lk), ("v", v, lv)):
@@ -283,7 +301,7 @@ def sdpa(ctx: Context, node) -> None:
             if ms[i] > 1:
                 ctx.couple(scores[len(scores) - len(lm) + i], d, scale="zero", sign="zero")
     ctx.attentions.append(node)
-    ctx.layouts[node.name] = out
+    return out
 
 
 def _gqa_heads(ctx: Context, out_dim, dims) -> None:
@@ -320,4 +338,5 @@ RULES = {
     "aten::conv_transpose3d": conv,
     "aten::embedding": embedding,
     "aten::scaled_dot_product_attention": sdpa,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": sdpa_cpu,
 }

@@ -120,7 +120,11 @@ def group_norm(ctx: Context, node) -> None:
 
     With one channel per group (``G = C``) the groups themselves permute.
     """
-    x, groups, w, b = node.args[0], node.args[1], arg(node, 2, "weight"), arg(node, 3, "bias")
+    x = node.args[0]
+    if node.target._schema.name == "aten::native_group_norm":  # (x, w, b, N, C, HxW, G, eps)
+        groups, w, b = node.args[6], node.args[1], node.args[2]
+    else:
+        groups, w, b = node.args[1], arg(node, 2, "weight"), arg(node, 3, "bias")
     lx = ctx.layouts[x.name]
     out = ctx.like(lx)
     k = shape(x)[1] // groups

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context, Dep
-from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
+from wsym.detect.rules.common import FILLS, _schema_name, arg, is_tensor, is_zero, norm_dim, shape
 from wsym.detect.rules.elementwise import NONLINEAR
 
 
 def identity(ctx: Context, node) -> None:
     """Ops that return their first input's values (clone, dropout in eval, dtype casts)."""
     ctx.layouts[node.name] = list(ctx.layouts[node.args[0].name])
+
+
+def restride(ctx: Context, node) -> None:
+    """as_strided_(x, size, stride): identity where only the strides of size-1 axes change.
+
+    Kernels restride their outputs in place (``mean`` over spatial axes with
+    ``keepdim``); any other reinterpretation of the storage blocks.
+    """
+    x, size, stride = node.args[0], arg(node, 1, "size"), arg(node, 2, "stride")
+    old = x.meta["val"]
+    same = (
+        tuple(size) == tuple(old.shape)
+        and arg(node, 3, "storage_offset") in (None, old.storage_offset())
+        and all(n == 1 or s == t for n, s, t in zip(size, stride, old.stride(), strict=True))
+    )
+    if not same:
+        raise ValueError(f"as_strided_ to {tuple(size)} / {tuple(stride)} reinterprets the storage")
+    identity(ctx, node)
 
 
 def dropout(ctx: Context, node) -> None:
@@ -43,22 +61,7 @@ def constant(ctx: Context, node) -> None:
         ctx.layouts[node.name] = ctx.fresh(shape(node), f"constant {node.target}")
 
 
-ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
-FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
 FILLED = {*FILLS, "aten::ones", "aten::ones_like", "aten::new_ones"}
-
-
-def _schema_name(node) -> str:
-    schema = getattr(getattr(node, "target", None), "_schema", None)
-    return schema.name if schema is not None else ""
-
-
-def is_zero(node) -> bool:
-    """Whether ``node`` creates a tensor of zeros (``zeros``, ``full(..., 0)``, ...)."""
-    name = _schema_name(node)
-    if name in ZEROS:
-        return True
-    return name in FILLS and len(node.args) > FILLS[name] and node.args[FILLS[name]] == 0
 
 
 def _groups(in_shape, out_shape):
@@ -471,6 +474,7 @@ IDENTITY = [
     "alias",
     "detach",
     "lift_fresh_copy",
+    "lift_fresh",
     "_to_copy",
     "to",
     "type_as",
@@ -504,6 +508,7 @@ VIEWS = ["view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "
 VIEWS += ["reshape_as", "view_as"]  # the shape comes from the node, not the second operand
 
 RULES = {f"aten::{n}": identity for n in IDENTITY}
+RULES["aten::as_strided_"] = restride
 RULES.update({f"aten::{n}": constant for n in CONSTANTS})
 RULES.update({f"aten::{n}": view for n in VIEWS})
 RULES.update(

@@ -1,6 +1,11 @@
 """Trace a module into an ATen graph and describe it as a networkx DiGraph.
 
-``torch.export`` (non-strict) captures an ATen graph whose nodes carry shapes;
+Detection reads the graph :func:`record_trace` records from one real forward
+pass (:mod:`wsym.detect.tracing.record`; about one forward pass of cost), falling back to
+:func:`trace` where recording fails. Both are specialized to the example inputs'
+control flow; detection verifies on the module itself.
+
+:func:`trace`: ``torch.export`` (non-strict) captures an ATen graph whose nodes carry shapes;
 ``run_decompositions({})`` functionalizes it so that in-place writes become data
 flow. Where export fails (data-dependent control flow, say), the fallback records
 the ATen calls of one forward pass (:mod:`wsym.detect.tracing.record`), and detection says so
@@ -21,7 +26,7 @@ import warnings
 
 import torch
 
-from wsym.detect.tracing.record import record
+from wsym.detect.tracing.record import dynamic_shape_error, record
 from wsym.detect.tracing.traced import Traced
 from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.models.calling import eval_mode, model_inputs
@@ -97,11 +102,7 @@ def _require_static_shapes(graph: torch.fx.Graph) -> None:
         vals = node.meta.get("val")
         for v in vals if isinstance(vals, list | tuple) else [vals]:
             if hasattr(v, "shape") and not all(isinstance(s, int) for s in v.shape):
-                raise WsymInputError(
-                    f"operation {node.target} has a data-dependent output shape; wsym needs static "
-                    "shapes: replace boolean-mask indexing or nonzero() with a fixed-shape op "
-                    "(torch.where)"
-                )
+                raise dynamic_shape_error(node.target)
 
 
 VIEW_OPS = {
@@ -158,6 +159,37 @@ def _check_runs(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             f"the model fails on the example inputs ({type(err).__name__}: {msg}); "
             "pass inputs of the shape and dtype its forward expects"
         ) from err
+
+
+def record_trace(model: torch.nn.Module, example_inputs) -> Traced:
+    """Record the ATen calls of ``model`` (in eval mode) on ``example_inputs``.
+
+    Where recording fails (an in-place write into a view), the model is exported
+    with :func:`trace` instead. A forward pass that reads tensor values computed
+    from its inputs or weights into Python (``if h.abs().max() > 10``) is
+    data-dependent control flow: detection says so in one line.
+
+    Raises:
+        WsymInputError: if the model cannot be run or traced on these inputs.
+    """
+    args, kwargs = model_inputs(model, example_inputs)
+    with eval_mode(model):
+        try:
+            traced = record(model, args, kwargs)
+        except WsymInputError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            LOG.debug("recording the ATen calls failed", exc_info=err)
+            _check_runs(model, args, kwargs)
+            return trace(model, example_inputs)
+    if traced.value_reads:
+        warnings.warn(
+            f"the forward pass reads tensor values into Python ({len(traced.value_reads)} "
+            f"times, first at {traced.value_reads[0]}): data-dependent control flow; detected "
+            "on a trace specialized to the example inputs and verified on the module itself",
+            stacklevel=3,
+        )
+    return traced
 
 
 def trace(model: torch.nn.Module, example_inputs) -> Traced:

@@ -1,10 +1,17 @@
-"""Fallback tracer: record the ATen ops of one real forward pass.
+"""Record the ATen ops of one real forward pass as an fx graph.
 
-``torch.export`` refuses data-dependent control flow (``if x.sum() > 0``). This
-tracer simply runs the model under a ``TorchDispatchMode`` and writes every
-ATen call into an fx graph, so control flow is specialized to the example
-inputs (the detected symmetries are then verified on those inputs). In-place
-writes into views cannot be represented as data flow here and are refused.
+The model runs once under a ``TorchDispatchMode`` that writes every ATen call
+into an fx graph: no fake tensors, no symbolic shapes, no functionalization
+pass, so recording costs about one forward pass (``torch.export`` costs tens).
+Control flow is specialized to the example inputs; the detected symmetries are
+verified on the module itself, on other inputs. In-place writes are data flow
+by tensor identity and version (the written tensor's later readers see the new
+node); a tensor read after an in-place write into one of its views (or into
+the base of a view) cannot be represented so and is refused, unless it is a
+constant (a mask built in place).
+
+Node values (``meta['val']``) are shape-and-dtype-only tensors on the ``meta``
+device, so the recorded graph does not keep the forward pass's activations alive.
 """
 
 from __future__ import annotations
@@ -14,73 +21,234 @@ import operator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
 
 from wsym.detect.tracing.traced import Traced
+from wsym.errors import WsymInputError
+
+# fused inference kernels (nn.MultiheadAttention, nn.TransformerEncoderLayer without
+# gradients) no rule reads: a recording holding one is traced by torch.export instead
+FUSED = ("aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd")
+# ops whose values do not depend on their tensor operand's (only its shape and dtype)
+FACTORIES = {
+    f"{n}{s}"
+    for n in ("new_zeros", "new_ones", "new_empty", "new_full", "zeros_like", "ones_like")
+    for s in ("", "_")
+} | {"empty_like", "full_like"}
+# ops through which a forward pass reads a tensor's value into Python (``if x.sum() > 0``)
+VALUE_READS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
+
+
+def _shape_only(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    try:
+        return torch.empty_like(x, device="meta")
+    except (RuntimeError, NotImplementedError):  # sparse or other layouts: keep the tensor
+        return x
+
+
+def _copy(x):
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter
+        return -1
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, graph: torch.fx.Graph, nodes: dict):
+    """Write each ATen call into ``graph``; ``nodes`` maps live tensors to ``(node, version)``.
+
+    The version is the tensor's in-place version counter (shared with its views)
+    right after its node was recorded. Reading a tensor whose counter moved since (a
+    view's base after a write into the view, or a view after a write into its
+    base) is refused, except where everything written and read is a constant
+    (computed from neither inputs, weights nor buffers: a mask built in place).
+    """
+
+    def __init__(
+        self, graph: torch.fx.Graph, nodes: WeakIdKeyDictionary, dependent: set, keep=frozenset()
+    ):
         super().__init__()
         self.graph, self.nodes, self.constants = graph, nodes, 0
+        self.keep, self.kept = keep, {}  # node names whose values to keep, and those values
+        self.dependent = dependent  # names of nodes computed from inputs, weights or buffers
+        self.tainted = WeakIdKeyDictionary()  # bases written (through a view) with such values
+
+    def _constant(self, x: torch.Tensor):
+        node = self.graph.placeholder(f"constant_{self.constants}")
+        node.meta["val"] = _shape_only(x)
+        self.constants += 1
+        self.nodes[x] = (node, _version(x))
+        return node
 
     def _node(self, x):
         if not isinstance(x, torch.Tensor):
             return x
-        if id(x) not in self.nodes:  # a tensor made outside the graph: a constant input
-            node = self.graph.placeholder(f"constant_{self.constants}")
-            node.meta["val"] = x
-            self.constants += 1
-            self.nodes[id(x)] = (x, node)
-        return self.nodes[id(x)][1]
+        if x not in self.nodes:  # a tensor made outside the graph: a constant input
+            return self._constant(x)
+        node, version = self.nodes[x]
+        if version == _version(x):
+            return node
+        base = x._base if x._base is not None else x
+        if node.name in self.dependent or base in self.tainted:
+            raise RuntimeError(f"{node.name} is read after an in-place write into a view of it")
+        return self._constant(x)  # its new value is a constant too
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.is_mutable and any(
-            isinstance(a, torch.Tensor) and a._base is not None
-            for a in tree_flatten((args, kwargs))[0]
-        ):
-            raise RuntimeError(f"in-place {func} on a view cannot be recorded")
+        arg_nodes = tree_map(self._node, args), tree_map(self._node, kwargs)
+        if func._schema.name in FUSED:
+            raise RuntimeError(f"fused inference kernel {func._schema.name}")
+        if _dynamic_shape(func, args):
+            raise dynamic_shape_error(func)
         out = func(*args, **kwargs)
-        node = self.graph.call_function(
-            func, tree_map(self._node, args), tree_map(self._node, kwargs)
-        )
-        node.meta["val"] = out
+        # named like torch.export's nodes (``relu``, ``relu_1``), not ``relu_default``
+        name = func._schema.name.split("::")[-1]
+        node = self.graph.create_node("call_function", func, *arg_nodes, name=name)
+        node.meta["val"] = tree_map(_shape_only, out)
+        if name not in FACTORIES and any(n.name in self.dependent for n in node.all_input_nodes):
+            self.dependent.add(node.name)
+            if func._schema.is_mutable:  # the written storage now holds such values
+                for a in tree_flatten((args, kwargs))[0]:
+                    if isinstance(a, torch.Tensor):
+                        self.tainted[a._base if a._base is not None else a] = True
+        versions = _versions_after(func, args, out)
+        if node.name in self.keep:  # a copy: a later in-place op (relu_) must not change it
+            self.kept[node.name] = tree_map(_copy, out)
         if isinstance(out, torch.Tensor):
-            self.nodes[id(out)] = (out, node)
+            self.nodes[out] = (node, versions[0])
         elif isinstance(out, list | tuple):
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     item = self.graph.call_function(operator.getitem, (node, i))
-                    item.meta["val"] = o
-                    self.nodes[id(o)] = (o, item)
+                    item.meta["val"] = _shape_only(o)
+                    if node.name in self.dependent:
+                        self.dependent.add(item.name)
+                    self.nodes[o] = (item, versions[i] if i < len(versions) else _version(o))
+                    if item.name in self.keep:
+                        self.kept[item.name] = o.clone()
         return out
 
 
+def _dynamic_shape(func, args) -> bool:
+    """Whether the op's output shape depends on its operands' values (``x[x > 0]``)."""
+    if torch.Tag.dynamic_output_shape not in func.tags:
+        return False
+    if func is torch.ops.aten.index.Tensor:  # integer indices give a static shape
+        indices = args[1] if len(args) > 1 else []
+        return any(
+            isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
+        )
+    return True
+
+
+def dynamic_shape_error(target) -> WsymInputError:
+    """The one-line error for an operation whose output shape depends on values."""
+    return WsymInputError(
+        f"operation {target} has a data-dependent output shape; wsym needs static shapes: "
+        "replace boolean-mask indexing or nonzero() with a fixed-shape op (torch.where)"
+    )
+
+
+def _versions_after(func, args, out) -> list[int]:
+    """The version counter of each output once the call has returned.
+
+    Autograd's in-place and view layer (above this mode) bumps a written
+    tensor's counter and gives a view its base's counter only after
+    ``__torch_dispatch__`` returns, so both are read off the schema: an output
+    aliasing an input has that input's version (plus one if written).
+    """
+    inputs = {}
+    for a, spec in zip(args, func._schema.arguments, strict=False):
+        if isinstance(a, torch.Tensor) and spec.alias_info is not None:
+            for name in spec.alias_info.before_set:
+                inputs[name] = (a, spec.alias_info.is_write)
+    outs = list(out) if isinstance(out, list | tuple) else [out]
+    versions = []
+    for i, o in enumerate(outs):
+        ret = func._schema.returns[i] if i < len(func._schema.returns) else None
+        alias = ret.alias_info if ret is not None else None
+        source = next((inputs[n] for n in alias.before_set if n in inputs), None) if alias else None
+        if source is not None:
+            versions.append(_version(source[0]) + int(source[1]))
+        else:
+            versions.append(_version(o) if isinstance(o, torch.Tensor) else -1)
+    return versions
+
+
 def record(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
-    """Trace ``model(*args, **kwargs)`` by recording its ATen calls."""
+    """Trace ``model(*args, **kwargs)`` by recording its ATen calls (under ``no_grad``)."""
+    return _record(model, args, kwargs)[0]
+
+
+def recorded_values(model: torch.nn.Module, args: tuple, kwargs: dict, names) -> dict:
+    """The values of the recorded nodes named ``names`` in one forward pass.
+
+    Names as :func:`record` gives them: the same model on inputs of the same
+    shapes gives the same names.
+    """
+    return _record(model, args, kwargs, frozenset(names))[1]
+
+
+def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
     graph = torch.fx.Graph()
-    nodes: dict = {}
+    nodes = WeakIdKeyDictionary()
     parameters, buffers = {}, {}
     for kind, named, table in (
-        ("p", model.named_parameters(), parameters),
-        ("b", model.named_buffers(), buffers),
+        ("p", model.named_parameters(remove_duplicate=False), parameters),
+        ("b", model.named_buffers(remove_duplicate=False), buffers),
     ):
         for name, t in named:
             node = graph.placeholder(f"{kind}_{name.replace('.', '_')}")
-            node.meta["val"] = t
-            nodes[id(t)] = (t, node)
+            node.meta["val"] = _shape_only(t)
+            nodes[t] = (node, _version(t))
             table[node.name] = name
     inputs = []
     for i, t in enumerate(tree_flatten((args, kwargs))[0]):
         if isinstance(t, torch.Tensor):
             node = graph.placeholder(f"input_{i}")
-            node.meta["val"] = t
-            nodes[id(t)] = (t, node)
+            node.meta["val"] = _shape_only(t)
+            nodes[t] = (node, _version(t))
             inputs.append(node.name)
-    recorder = _Recorder(graph, nodes)
+    recorder = _Recorder(graph, nodes, {*parameters, *buffers, *inputs}, keep)
     with torch.no_grad(), recorder:
         out = model(*args, **kwargs)
     leaves = [recorder._node(x) for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
     graph.output(tuple(leaves))
+    reads = _value_reads(graph, set(inputs) | set(parameters))
     graph.eliminate_dead_code()
-    return Traced(graph=graph, parameters=parameters, buffers=buffers, inputs=tuple(inputs))
+    traced = Traced(
+        graph=graph,
+        parameters=parameters,
+        buffers=buffers,
+        inputs=tuple(inputs),
+        value_reads=tuple(reads),
+    )
+    return traced, recorder.kept
+
+
+def _value_reads(graph: torch.fx.Graph, sources: set) -> list[str]:
+    """Nodes where the forward pass read a value computed from its inputs or weights.
+
+    Such a read (``bool(t)``, ``t.item()``) is data-dependent control flow: the
+    recorded graph holds only the branch the example inputs took.
+    """
+    found = []
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or schema.name not in VALUE_READS:
+            continue
+        stack, seen = list(node.all_input_nodes), set()
+        while stack:
+            n = stack.pop()
+            if n.name in sources:
+                found.append(node.name)
+                break
+            if n.name not in seen:
+                seen.add(n.name)
+                stack.extend(n.all_input_nodes)
+    return found

@@ -12,11 +12,14 @@ class Traced:
     """A functional ATen graph of a module with its parameter bookkeeping.
 
     Attributes:
-        graph: the ``torch.fx.Graph`` (nodes carry ``meta['val']`` fake tensors).
+        graph: the ``torch.fx.Graph`` (nodes carry ``meta['val']``: fake or meta tensors).
         parameters: placeholder name -> state-dict key, for parameters.
         buffers: placeholder name -> state-dict key, for buffers.
         inputs: placeholder names of the user inputs.
-        program: the ``torch.export.ExportedProgram`` (None for the fallback tracer).
+        program: the ``torch.export.ExportedProgram`` (None for a recorded trace).
+        value_reads: nodes where the forward pass read a tensor computed from its
+            inputs or weights into Python (data-dependent control flow; recorded
+            traces only).
     """
 
     graph: torch.fx.Graph
@@ -24,3 +27,4 @@ class Traced:
     buffers: dict[str, str]
     inputs: tuple[str, ...]
     program: object = field(default=None, compare=False, repr=False)
+    value_reads: tuple[str, ...] = ()

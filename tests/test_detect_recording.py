@@ -1,0 +1,86 @@
+"""Detection's tracer: one recorded forward pass, read like a torch.export graph."""
+
+import warnings
+
+import pytest
+import torch
+from cases import CASES
+from torch import nn
+
+from wsym.detect import find_candidates
+from wsym.detect.tracing.export import record_trace, trace
+from wsym.detect.tracing.record import record
+from wsym.models.calling import model_inputs
+
+FAST = [c for c in CASES if not c.slow]
+
+
+@pytest.mark.parametrize("case", FAST, ids=[c.name for c in FAST])
+def test_recorded_graph_gives_the_candidates_of_the_exported_one(case):
+    """Same candidate groups (kinds, sizes, parameters) from either tracer."""
+    torch.manual_seed(0)
+    model, inputs = case.build().eval(), case.inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the same notes from both
+        a = find_candidates(trace(model, inputs), model)
+        b = find_candidates(record_trace(model, inputs), model)
+
+    def table(spec):
+        return sorted((g.kind, g.size, tuple(sorted(g.params))) for g in spec.groups)
+
+    assert table(b) == table(a)
+
+
+class WriteIntoView(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        y[:, :2].add_(x[:, :2])  # the base is read after a write into its view
+        return y.sum(0)
+
+
+class WriteIntoBase(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        v = y[:, :2]
+        y.mul_(x)  # the view is read after a write into its base
+        return v.sum(0)
+
+
+class MaskBuiltInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        mask = torch.zeros(4)
+        mask[:2] = 1.0  # a constant written through a view: fine
+        return self.lin(x) * mask
+
+
+@pytest.mark.parametrize("model", [WriteIntoView(), WriteIntoBase()], ids=["view", "base"])
+def test_reading_a_stale_alias_is_refused_and_detection_exports(model):
+    x = torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="in-place write into a view"):
+        record(model, (x,), {})
+    assert record_trace(model, x).program is not None  # torch.export's functional graph
+
+
+def test_constant_written_in_place_is_recorded():
+    traced = record_trace(MaskBuiltInPlace(), torch.randn(3, 4))
+    assert traced.program is None
+    mul = next(n for n in traced.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    assert mul.args[1].op == "placeholder"  # the finished mask is a constant input
+
+
+def test_recorded_values_hold_no_activations():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    traced = record(model, *model_inputs(model, torch.randn(3, 4)))
+    vals = [n.meta["val"] for n in traced.graph.nodes if torch.is_tensor(n.meta.get("val"))]
+    assert vals and all(v.device.type == "meta" for v in vals)
+
+
+def test_fused_attention_kernel_is_exported_instead():
+    mha = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0).eval()
+    with pytest.raises(RuntimeError, match="fused inference kernel"):
+        record(mha, (torch.randn(2, 3, 8),), {})
+    assert record_trace(mha, torch.randn(2, 3, 8)).program is not None
