@@ -62,6 +62,7 @@ from torch import Tensor, nn
 from wsym.curvature.objective import as_double, batch_size, call
 from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.graph.trace import eval_mode
+from wsym.sharpness import tangent
 from wsym.sharpness.gauge import balanced
 from wsym.sharpness.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
 from wsym.spec import SymmetrySpec
@@ -78,11 +79,11 @@ MEASURES = (
 
 
 def _scale(xi: Tangent, c) -> Tangent:
-    return list(torch._foreach_mul(xi, c))
+    return tangent.scale(xi, c)
 
 
 def _add(a: Tangent, b: Tangent, c=1.0) -> Tangent:
-    return list(torch._foreach_add(a, b, alpha=c))
+    return tangent.add(a, b, c)
 
 
 def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
@@ -101,6 +102,8 @@ def _direction(geom, f, xi) -> tuple[float, Tangent]:
     d = geom.gradient(g)
     n = float(geom.gradient_norm(g, d))
     d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
+    if isinstance(d, tangent.FlatTangent):
+        return float(value.detach()), d.like(d.flat.detach())
     return float(value.detach()), [x.detach() for x in d]
 
 
