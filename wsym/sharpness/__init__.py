@@ -78,17 +78,20 @@ MEASURES = (
 )
 
 
-def _scale(xi: Tangent, c) -> Tangent:
-    return tangent.scale(xi, c)
+def _scale(xi: Tangent, c, fresh: bool = False) -> Tangent:
+    """``c * xi``; ``fresh``: nothing else holds ``xi``, which may be overwritten."""
+    return tangent.scale(xi, c, out=xi if fresh else None)
 
 
-def _add(a: Tangent, b: Tangent, c=1.0) -> Tangent:
-    return tangent.add(a, b, c)
+def _add(a: Tangent, b: Tangent, c=1.0, into: Tangent | None = None) -> Tangent:
+    """``a + c * b``, written into ``into`` if given (a tangent nothing else holds)."""
+    return tangent.add(a, b, c, out=into)
 
 
 def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
+    """``xi`` scaled onto the ball; ``xi`` must be fresh (it may be scaled in place)."""
     n = float(geom.norm(xi))
-    return _scale(xi, rho / n) if n > rho else xi
+    return _scale(xi, rho / n, fresh=True) if n > rho else xi
 
 
 def _direction(geom, f, xi) -> tuple[float, Tangent]:
@@ -101,7 +104,7 @@ def _direction(geom, f, xi) -> tuple[float, Tangent]:
     g = pullback(grads)
     d = geom.gradient(g)
     n = float(geom.gradient_norm(g, d))
-    d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
+    d = _scale(d, 1.0 / n, fresh=True) if n > 0 and math.isfinite(n) else geom.zero()
     if isinstance(d, tangent.FlatTangent):
         return float(value.detach()), d.like(d.flat.detach())
     return float(value.detach()), [x.detach() for x in d]
@@ -121,9 +124,11 @@ def worst_case(geom: Perturbation, f: Callable, rho: float, steps: int) -> float
             best, best_val, successes = new, val, successes + 1
         prev, x = x, new
         z = _project(geom, _add(x, d, eta), rho)
-        new = _project(
-            geom, _add(_add(x, _add(z, x, -1.0), alpha), _add(x, prev, -1.0), 1 - alpha), rho
-        )
+        # x + alpha (z - x) + (1 - alpha) (x - prev), two buffers reused (flat tangents)
+        toward = _add(z, x, -1.0)
+        toward = _add(x, toward, alpha, into=toward)
+        back = _add(x, prev, -1.0)
+        new = _project(geom, _add(toward, back, 1 - alpha, into=back), rho)
         if (k + 1) % interval == 0:
             if successes < 0.75 * interval:
                 eta, new, x = eta / 2, best, best

@@ -294,7 +294,8 @@ class Geodesic(Adaptive):
         block's vertical space, so no per-block projection first); the metric applied
         to ``M^-1 g`` is ``g`` itself, masked, which the projection takes as given.
         """
-        covector = tangent.flat_copy(g)  # becomes the masked covector M (M^-1 g) = g
+        # the masked covector M (M^-1 g) = g, built in g's own buffer where g is scratch
+        covector = g.flat if getattr(g, "scratch", False) else tangent.flat_copy(g)
         out = self._tangent(torch.empty_like(covector))  # M^-1 g, written in place
         k = self._slot_total
         if self.slots:
@@ -372,6 +373,9 @@ class Geodesic(Adaptive):
         for vjp, g, dst in zip(vjps, pulled, self._pairs(out), strict=True):
             for d, x in zip(dst, vjp(g), strict=True):
                 d.copy_(x)
+        # scratch: gradient() may overwrite it with its masked covector, which differs only
+        # on entries where the Riemannian gradient is zero (so <g, gradient(g)> is unchanged)
+        out.scratch = True
         return out
 
     def move(self, block: Pair, xi: Pair, s: int = 0) -> Pair:

@@ -63,16 +63,27 @@ def _same_layout(a: list, b: list) -> bool:
     return fa is not None and fb is not None and fa.shape == fb.shape and a.shapes == b.shapes
 
 
-def scale(xi: list[Tensor], c) -> list[Tensor]:
-    """``c * xi``."""
+def scale(xi: list[Tensor], c, out: list[Tensor] | None = None) -> list[Tensor]:
+    """``c * xi``; ``out``: a flat tangent of the same layout to write it into (else new).
+
+    Writing into a buffer that is already allocated matters: a new buffer of a few
+    megabytes costs several times the product itself (the allocator maps fresh pages).
+    ``out`` may be ``xi`` itself; it is ignored for plain lists.
+    """
     if getattr(xi, "flat", None) is not None:
+        if out is not None and _same_layout(xi, out):
+            torch.mul(xi.flat, c, out=out.flat)
+            return out
         return xi.like(xi.flat * c)
     return list(torch._foreach_mul(xi, c))
 
 
-def add(a: list[Tensor], b: list[Tensor], c=1.0) -> list[Tensor]:
-    """``a + c * b``."""
+def add(a: list[Tensor], b: list[Tensor], c=1.0, out: list[Tensor] | None = None) -> list[Tensor]:
+    """``a + c * b``; ``out`` as for :func:`scale` (it may be ``a`` or ``b``)."""
     if _same_layout(a, b):
+        if out is not None and _same_layout(a, out):
+            torch.add(a.flat, b.flat, alpha=c, out=out.flat)
+            return out
         return a.like(torch.add(a.flat, b.flat, alpha=c))
     return list(torch._foreach_add(a, b, alpha=c))
 
