@@ -104,6 +104,7 @@ def _direction(geom, f, xi) -> tuple[float, Tangent]:
     g = pullback(grads)
     d = geom.gradient(g)
     n = float(geom.gradient_norm(g, d))
+    geom.release(g)
     d = _scale(d, 1.0 / n, fresh=True) if n > 0 and math.isfinite(n) else geom.zero()
     if isinstance(d, tangent.FlatTangent):
         return float(value.detach()), d.like(d.flat.detach())
@@ -117,20 +118,31 @@ def worst_case(geom: Perturbation, f: Callable, rho: float, steps: int) -> float
     base, d = _direction(geom, f, zero)
     eta, best, best_val, successes = 2 * rho, zero, base, 0
     prev, x = zero, zero
-    new = _project(geom, _add(x, d, eta), rho)
+    new = _project(geom, _add(x, d, eta, into=geom.spare()), rho)
+    geom.release(d)
+
+    def drop(xi, *kept):  # recycle xi's storage unless a kept tangent is xi
+        if all(xi is not k for k in kept):
+            geom.release(xi)
+
     for k in range(steps):
         val, d = _direction(geom, f, new)
         if val > best_val:
             best, best_val, successes = new, val, successes + 1
-        prev, x = x, new
-        z = _project(geom, _add(x, d, eta), rho)
-        # x + alpha (z - x) + (1 - alpha) (x - prev), two buffers reused (flat tangents)
-        toward = _add(z, x, -1.0)
+        old, (prev, x) = prev, (x, new)
+        drop(old, prev, x, best)
+        z = _project(geom, _add(x, d, eta, into=geom.spare()), rho)
+        geom.release(d)
+        # x + alpha (z - x) + (1 - alpha) (x - prev), in buffers the step owns
+        toward = _add(z, x, -1.0, into=z)
         toward = _add(x, toward, alpha, into=toward)
-        back = _add(x, prev, -1.0)
+        back = _add(x, prev, -1.0, into=geom.spare())
         new = _project(geom, _add(toward, back, 1 - alpha, into=back), rho)
+        geom.release(toward)
         if (k + 1) % interval == 0:
             if successes < 0.75 * interval:
+                drop(new, best)
+                drop(x, prev, best)
                 eta, new, x = eta / 2, best, best
             successes = 0
     return best_val - base

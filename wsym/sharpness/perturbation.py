@@ -36,7 +36,7 @@ from wsym.geometry import (
 from wsym.geometry.metrics import _elementwise_shift
 from wsym.sharpness import tangent
 from wsym.sharpness.quotient import Quotient
-from wsym.sharpness.tangent import FlatTangent
+from wsym.sharpness.tangent import FlatTangent, Pool
 from wsym.sharpness.vertical import Horizontal
 from wsym.spec import SymmetrySpec
 
@@ -106,6 +106,13 @@ class Perturbation:
         """
         with torch.no_grad():
             return self.point(xi), list
+
+    def spare(self) -> Tangent | None:
+        """A tangent to overwrite (recycled by :meth:`release`), or None (none kept)."""
+        return None
+
+    def release(self, xi: Tangent) -> None:
+        """``xi`` is read no more (by anyone): its storage may be recycled."""
 
     def random(self, gen: torch.Generator) -> Tangent:
         """A random direction (Euclidean Gaussian)."""
@@ -220,6 +227,8 @@ class Geodesic(Adaptive):
         self._all_shapes = [params[n].shape for n in self.names]
         self._tangent_shapes = [t.shape for t in self.coordinates()]
         self._total = sum(s.numel() for s in self._tangent_shapes)
+        like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
+        self._pool = Pool(self._total, like)
         self.horizontal = Horizontal(self, spec)
 
     def stack_metric(self, s: int) -> str:
@@ -232,8 +241,15 @@ class Geodesic(Adaptive):
 
     def zero(self):
         """The zero tangent vector (flat, :class:`wsym.sharpness.tangent.FlatTangent`)."""
-        like = self.coordinates()[0] if self.coordinates() else torch.zeros(0, dtype=torch.float64)
-        return self._tangent(like.new_zeros(self._total))
+        return self._tangent(self._pool.take().zero_())
+
+    def spare(self):
+        """A flat tangent to overwrite (contents undefined): recycled where one was released."""
+        return self._tangent(self._pool.take())
+
+    def release(self, xi):
+        """Recycle the buffer of a flat tangent that nothing reads any more."""
+        self._pool.give(xi)
 
     def _tangent(self, flat: Tensor) -> FlatTangent:
         """Tangent-layout views of a flat vector."""
@@ -296,7 +312,7 @@ class Geodesic(Adaptive):
         """
         # the masked covector M (M^-1 g) = g, built in g's own buffer where g is scratch
         covector = g.flat if getattr(g, "scratch", False) else tangent.flat_copy(g)
-        out = self._tangent(torch.empty_like(covector))  # M^-1 g, written in place
+        out = self.spare()  # M^-1 g, written in place
         k = self._slot_total
         if self.slots:
             torch.mul(covector[:k], self._scale, out=out.flat[:k])
@@ -362,8 +378,7 @@ class Geodesic(Adaptive):
 
     def _pullback(self, vjps: list[Callable], grads: list[Tensor]) -> Tangent:
         table = dict(zip(self.names, grads, strict=True))
-        like = next(iter(table.values()))
-        out = self._tangent(torch.empty(self._total, dtype=like.dtype, device=like.device))
+        out = self.spare()
         for dst, n, k in zip(out, self.slots, self._partial, strict=False):
             if k is None:
                 dst.copy_(table[n])

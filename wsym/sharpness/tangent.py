@@ -44,6 +44,48 @@ class FlatTangent(list):
         return FlatTangent.of(flat, self.shapes)
 
 
+class Pool:
+    """Flat buffers of one length, recycled.
+
+    A fresh multi-megabyte buffer costs more than the arithmetic written into it (the
+    allocator maps, and the kernel zeroes, new pages).
+
+    :meth:`give` must only get buffers nothing else reads any more.
+
+    Example:
+        >>> pool = Pool(3, torch.zeros(0))
+        >>> a = pool.take(); pool.give(FlatTangent.of(a, [torch.Size([3])]))
+        >>> pool.take() is a
+        True
+    """
+
+    KEEP = 8
+    """Buffers kept at most."""
+
+    def __init__(self, n: int, like: Tensor):
+        self.n, self.dtype, self.device = n, like.dtype, like.device
+        self.free: list[Tensor] = []
+
+    def take(self) -> Tensor:
+        """A buffer (recycled, contents undefined, or new)."""
+        if self.free:
+            return self.free.pop()
+        return torch.empty(self.n, dtype=self.dtype, device=self.device)
+
+    def give(self, xi: list[Tensor]) -> None:
+        """Recycle the buffer of ``xi`` (a :class:`FlatTangent` of this length; else nothing)."""
+        buffer = getattr(xi, "flat", None)
+        if (
+            buffer is not None
+            and buffer.numel() == self.n
+            and buffer.dtype == self.dtype
+            and buffer.is_contiguous()
+            and len(self.free) < self.KEEP
+            and all(b.data_ptr() != buffer.data_ptr() for b in self.free)
+        ):
+            self.free.append(buffer)
+
+
 def flat(xs: list[Tensor]) -> Tensor:
     """The tangent as one flat vector: its buffer (not a copy) or a concatenation."""
     buffer = getattr(xs, "flat", None)
