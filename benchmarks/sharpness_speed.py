@@ -35,7 +35,7 @@ Stock models (``--stock``, goal 1.3x): timm ``vit_tiny_patch16_224`` (full depth
 GPT-2 small config (4 layers, width 128, 4 heads, batch 8 of 32 tokens), random weights,
 cross-entropy against random classes. Here a step is ``(t(steps=5) - t(steps=1)) / 4``
 and the share of the step spent in the horizontal projection's Gram solve
-(:meth:`wsym.sharpness.vertical.Horizontal.project`) is printed beside the ratio.
+(:meth:`wsym.sharpness.vertical.Horizontal.project_flat`) is printed beside the ratio.
 
 Run:
     .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10] [--threads 1] [--clock cpu]
@@ -78,10 +78,14 @@ def median_times(fns, repeats, clock):
 
 
 class ProjectionClock:
-    """Accumulates the time spent in ``Horizontal.project`` (the Gram solve) while active."""
+    """Accumulates the time spent in ``Horizontal.project_flat`` (the Gram solve) while active.
+
+    ``project_flat`` is the whole horizontal projection (``project`` calls it; the
+    Riemannian gradient calls it directly).
+    """
 
     def __init__(self, clock):
-        self.clock, self.total, self._orig = clock, 0.0, vertical.Horizontal.project
+        self.clock, self.total, self._orig = clock, 0.0, vertical.Horizontal.project_flat
 
     def __enter__(self):
         orig = self._orig
@@ -92,11 +96,11 @@ class ProjectionClock:
             self.total += self.clock() - start
             return out
 
-        vertical.Horizontal.project = timed
+        vertical.Horizontal.project_flat = timed
         return self
 
     def __exit__(self, *exc):
-        vertical.Horizontal.project = self._orig
+        vertical.Horizontal.project_flat = self._orig
 
 
 def step_times(model, batches, loss, repeats, clock, few=FEW, many=MANY):

@@ -62,6 +62,7 @@ from torch import Tensor, nn
 from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode
+from wsym.sharpness import tangent
 from wsym.sharpness.curvature.objective import as_double, batch_size, call
 from wsym.sharpness.gauge import balanced
 from wsym.sharpness.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
@@ -77,17 +78,20 @@ MEASURES = (
 )
 
 
-def _scale(xi: Tangent, c) -> Tangent:
-    return list(torch._foreach_mul(xi, c))
+def _scale(xi: Tangent, c, fresh: bool = False) -> Tangent:
+    """``c * xi``; ``fresh``: nothing else holds ``xi``, which may be overwritten."""
+    return tangent.scale(xi, c, out=xi if fresh else None)
 
 
-def _add(a: Tangent, b: Tangent, c=1.0) -> Tangent:
-    return list(torch._foreach_add(a, b, alpha=c))
+def _add(a: Tangent, b: Tangent, c=1.0, into: Tangent | None = None) -> Tangent:
+    """``a + c * b``, written into ``into`` if given (a tangent nothing else holds)."""
+    return tangent.add(a, b, c, out=into)
 
 
 def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
+    """``xi`` scaled onto the ball; ``xi`` must be fresh (it may be scaled in place)."""
     n = float(geom.norm(xi))
-    return _scale(xi, rho / n) if n > rho else xi
+    return _scale(xi, rho / n, fresh=True) if n > rho else xi
 
 
 def _direction(geom, f, xi) -> tuple[float, Tangent]:
@@ -100,7 +104,10 @@ def _direction(geom, f, xi) -> tuple[float, Tangent]:
     g = pullback(grads)
     d = geom.gradient(g)
     n = float(geom.gradient_norm(g, d))
-    d = _scale(d, 1.0 / n) if n > 0 and math.isfinite(n) else [torch.zeros_like(x) for x in d]
+    geom.release(g)
+    d = _scale(d, 1.0 / n, fresh=True) if n > 0 and math.isfinite(n) else geom.zero()
+    if isinstance(d, tangent.FlatTangent):
+        return float(value.detach()), d.like(d.flat.detach())
     return float(value.detach()), [x.detach() for x in d]
 
 
@@ -111,18 +118,31 @@ def worst_case(geom: Perturbation, f: Callable, rho: float, steps: int) -> float
     base, d = _direction(geom, f, zero)
     eta, best, best_val, successes = 2 * rho, zero, base, 0
     prev, x = zero, zero
-    new = _project(geom, _add(x, d, eta), rho)
+    new = _project(geom, _add(x, d, eta, into=geom.spare()), rho)
+    geom.release(d)
+
+    def drop(xi, *kept):  # recycle xi's storage unless a kept tangent is xi
+        if all(xi is not k for k in kept):
+            geom.release(xi)
+
     for k in range(steps):
         val, d = _direction(geom, f, new)
         if val > best_val:
             best, best_val, successes = new, val, successes + 1
-        prev, x = x, new
-        z = _project(geom, _add(x, d, eta), rho)
-        new = _project(
-            geom, _add(_add(x, _add(z, x, -1.0), alpha), _add(x, prev, -1.0), 1 - alpha), rho
-        )
+        old, (prev, x) = prev, (x, new)
+        drop(old, prev, x, best)
+        z = _project(geom, _add(x, d, eta, into=geom.spare()), rho)
+        geom.release(d)
+        # x + alpha (z - x) + (1 - alpha) (x - prev), in buffers the step owns
+        toward = _add(z, x, -1.0, into=z)
+        toward = _add(x, toward, alpha, into=toward)
+        back = _add(x, prev, -1.0, into=geom.spare())
+        new = _project(geom, _add(toward, back, 1 - alpha, into=back), rho)
+        geom.release(toward)
         if (k + 1) % interval == 0:
             if successes < 0.75 * interval:
+                drop(new, best)
+                drop(x, prev, best)
                 eta, new, x = eta / 2, best, best
             successes = 0
     return best_val - base

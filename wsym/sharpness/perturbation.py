@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from wsym.group.spec import SymmetrySpec
+from wsym.sharpness import tangent
 from wsym.sharpness.geometry import (
     Gram,
     Pair,
@@ -36,6 +37,7 @@ from wsym.sharpness.geometry import (
 )
 from wsym.sharpness.geometry.metrics import _elementwise_shift
 from wsym.sharpness.quotient import Quotient
+from wsym.sharpness.tangent import FlatTangent, Pool
 from wsym.sharpness.vertical import Horizontal
 
 EPS = 1e-14
@@ -105,6 +107,13 @@ class Perturbation:
         with torch.no_grad():
             return self.point(xi), list
 
+    def spare(self) -> Tangent | None:
+        """A tangent to overwrite (recycled by :meth:`release`), or None (none kept)."""
+        return None
+
+    def release(self, xi: Tangent) -> None:
+        """``xi`` is read no more (by anyone): its storage may be recycled."""
+
     def random(self, gen: torch.Generator) -> Tangent:
         """A random direction (Euclidean Gaussian)."""
         return [_randn(t, gen) for t in self.coordinates()]
@@ -158,8 +167,12 @@ class Adaptive(Perturbation):
         ]
         self._shapes = [self.params[n].shape for n in self.slots]
         self._sizes = [self.params[n].numel() for n in self.slots]
+        self._slot_total = sum(self._sizes)
 
     def _flat(self, xs) -> Tensor:
+        buffer = getattr(xs, "flat", None)
+        if buffer is not None:  # a flat tangent: its plain entries lead
+            return buffer[: self._slot_total]
         return torch.cat([x.reshape(-1) for x in xs[: len(self.slots)]])
 
     def _split(self, flat: Tensor) -> list[Tensor]:
@@ -212,6 +225,10 @@ class Geodesic(Adaptive):
         self._touched_flat = torch.cat(touched) if touched else None  # base of the block moves
         self._all_sizes = [params[n].numel() for n in self.names]
         self._all_shapes = [params[n].shape for n in self.names]
+        self._tangent_shapes = [t.shape for t in self.coordinates()]
+        self._total = sum(s.numel() for s in self._tangent_shapes)
+        like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
+        self._pool = Pool(self._total, like)
         self.horizontal = Horizontal(self, spec)
 
     def stack_metric(self, s: int) -> str:
@@ -221,6 +238,22 @@ class Geodesic(Adaptive):
     def coordinates(self):
         """Parameters not inside the blocks entirely, then the GL blocks' G and H."""
         return super().coordinates() + [m for b in self.blocks for m in b]
+
+    def zero(self):
+        """The zero tangent vector (flat, :class:`wsym.sharpness.tangent.FlatTangent`)."""
+        return self._tangent(self._pool.take().zero_())
+
+    def spare(self):
+        """A flat tangent to overwrite (contents undefined): recycled where one was released."""
+        return self._tangent(self._pool.take())
+
+    def release(self, xi):
+        """Recycle the buffer of a flat tangent that nothing reads any more."""
+        self._pool.give(xi)
+
+    def _tangent(self, flat: Tensor) -> FlatTangent:
+        """Tangent-layout views of a flat vector."""
+        return FlatTangent.of(flat, self._tangent_shapes)
 
     def _pairs(self, xi) -> list[Pair]:
         rest = xi[len(self.slots) :]
@@ -277,19 +310,23 @@ class Geodesic(Adaptive):
         block's vertical space, so no per-block projection first); the metric applied
         to ``M^-1 g`` is ``g`` itself, masked, which the projection takes as given.
         """
-        flat = self._flat(g) if self.slots else None  # the plain entries, flattened once
-        out = self._split(flat * self._scale) if self.slots else []
-        for blk, m, x in zip(self.blocks, self.metrics, self._pairs(g), strict=True):
-            out.extend(riemannian_gradient(blk, x, m, EPS, project=False))
-        parts = ([flat * self._keep] if self.slots else []) + [
-            x.reshape(-1) for x in g[len(self.slots) :]
-        ]
-        return self.horizontal.project(out, torch.cat(parts) if parts else None)
+        # the masked covector M (M^-1 g) = g, built in g's own buffer where g is scratch
+        covector = g.flat if getattr(g, "scratch", False) else tangent.flat_copy(g)
+        out = self.spare()  # M^-1 g, written in place
+        k = self._slot_total
+        if self.slots:
+            torch.mul(covector[:k], self._scale, out=out.flat[:k])
+            covector[:k].mul_(self._keep)
+        for blk, m, x, r in zip(
+            self.blocks, self.metrics, self._pairs(g), self._pairs(out), strict=True
+        ):
+            for dst, src in zip(r, riemannian_gradient(blk, x, m, EPS, project=False), strict=True):
+                dst.copy_(src)
+        return self.horizontal.project_flat(out.flat, covector)
 
     def gradient_norm(self, g, d):
         """Metric norm of ``d = gradient(g)``: ``<g, d>`` (d is M^-1 g projected M-orthogonally)."""
-        total = sum(torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(g, d, strict=True))
-        return torch.as_tensor(total).clamp_min(0).sqrt()
+        return tangent.dot(g, d).clamp_min(0).sqrt()
 
     def point(self, xi):
         """Geodesic step on GL blocks, straight step elsewhere."""
@@ -341,10 +378,19 @@ class Geodesic(Adaptive):
 
     def _pullback(self, vjps: list[Callable], grads: list[Tensor]) -> Tangent:
         table = dict(zip(self.names, grads, strict=True))
-        out = self._masked([table[n] for n in self.slots])
+        out = self.spare()
+        for dst, n, k in zip(out, self.slots, self._partial, strict=False):
+            if k is None:
+                dst.copy_(table[n])
+            else:
+                torch.mul(table[n], k, out=dst)
         pulled = self.quotient.gather_stacks(table)
-        for vjp, g in zip(vjps, pulled, strict=True):
-            out.extend(vjp(g))
+        for vjp, g, dst in zip(vjps, pulled, self._pairs(out), strict=True):
+            for d, x in zip(dst, vjp(g), strict=True):
+                d.copy_(x)
+        # scratch: gradient() may overwrite it with its masked covector, which differs only
+        # on entries where the Riemannian gradient is zero (so <g, gradient(g)> is unchanged)
+        out.scratch = True
         return out
 
     def move(self, block: Pair, xi: Pair, s: int = 0) -> Pair:
@@ -360,8 +406,12 @@ class Geodesic(Adaptive):
             # xi_G = Z H Q^-1 with rows N(0, H^T H) before the solve, transforming like G
             PG, PH = Gram.of(G, EPS), Gram.of(H, EPS)
             cov = (PG, PH) if m == "invariant" else (PH, PG)
-            xG = _randn(G, gen) @ torch.linalg.cholesky(cov[0].matrix).mT
-            xH = _randn(H, gen) @ torch.linalg.cholesky(cov[1].matrix).mT
+            # both factors draw as many rows (the longer one's), the first rows kept: the
+            # stream does not depend on how the stack pads each factor
+            r = max(G.shape[-2], H.shape[-2])
+            zG, zH = (_randn(M, gen, (*M.shape[:-2], r, M.shape[-1])) for M in (G, H))
+            xG = zG[..., : G.shape[-2], :] @ torch.linalg.cholesky(cov[0].matrix).mT
+            xH = zH[..., : H.shape[-2], :] @ torch.linalg.cholesky(cov[1].matrix).mT
             if m != "invariant":
                 xG, xH = PH.solve(xG, left=False), PG.solve(xH, left=False)
             if rows is not None:  # the draws mix rows: keep the padding rows zero

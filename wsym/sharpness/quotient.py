@@ -61,8 +61,10 @@ class Quotient:
     """GL and GL(1) blocks of a parameter dict and the mask of the entries they cover.
 
     Blocks with the same leading dims and ``h`` are also held as one *stack*
-    (:attr:`stacks`: a :class:`~wsym.sharpness.geometry.Pair` with one more leading dim, rows
-    zero-padded to the longest factor of the stack), so that the geometry runs once
+    (:attr:`stacks`: a :class:`~wsym.sharpness.geometry.Pair` with one more leading dim, the rows
+    of each factor zero-padded to the longest ``G``, respectively ``H``, of the stack:
+    a GL(1) block of a LayerNorm gain has 2 rows on one side and thousands on the
+    other, and padding both to one length would double the tangent), so that the geometry runs once
     per stack rather than once per block: every function of :mod:`wsym.sharpness.geometry`
     treats leading dims as independent blocks, and zero rows (of the block and of
     every tangent built from gradients, metrics and Christoffel terms) stay zero and
@@ -75,7 +77,7 @@ class Quotient:
         members: per stack, the positions in :attr:`blocks` of its blocks.
         orthogonal: per stack, whether its blocks are orthogonal groups (kept apart from
             GL blocks: their vertical directions are the skew-symmetric ones).
-        stacks: per stack, ``Pair(G (k, *index, r, h), H (k, *index, r, h))``.
+        stacks: per stack, ``Pair(G (k, *index, r_G, h), H (k, *index, r_H, h))``.
         rows: per stack, ``Pair`` of 0/1 row masks ``(k, *index, r, 1)`` (None: no padding).
         covered: ``{name: bool tensor}``, True on entries inside some GL or GL(1) block.
         touched: the names of the parameters some block covers (in part), in the flat
@@ -87,8 +89,8 @@ class Quotient:
         >>> model = TinyTransformer(depth=2).double()
         >>> spec = wsym.detect(model, torch.randn(2, 10, 4, dtype=torch.float64))
         >>> q = Quotient(spec, {n: p.detach() for n, p in model.named_parameters()})
-        >>> len(q.blocks), [tuple(s.G.shape) for s in q.stacks]
-        (5, [(4, 4, 33, 8), (1, 32, 10, 1)])
+        >>> len(q.blocks), [(tuple(s.G.shape), s.H.shape[-2]) for s in q.stacks]
+        (5, [((4, 4, 33, 8), 33), ((1, 32, 2, 1), 10)])
     """
 
     def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):
@@ -103,10 +105,14 @@ class Quotient:
         self.stacks = [self._stack([self.blocks[j][1] for j in js]) for js in self.members]
         self.rows = [
             None
-            if all(M.shape[-2] == s.G.shape[-2] for j in js for M in self.blocks[j][1])
+            if all(
+                M.shape[-2] == S.shape[-2]
+                for j in js
+                for M, S in zip(self.blocks[j][1], s, strict=True)
+            )
             else self._stack(
                 [Pair(*(torch.ones_like(M[..., :1]) for M in self.blocks[j][1])) for j in js],
-                s.G.shape[-2],
+                self._rows(s),
             )
             for js, s in zip(self.members, self.stacks, strict=True)
         ]
@@ -147,14 +153,24 @@ class Quotient:
         self._gather_index, self._scatter_index = gather_index.to(device), scatter_index.to(device)
 
     @staticmethod
-    def _stack(pairs: list, rows: int | None = None) -> Pair:
-        """Pairs stacked on a new first dim, their rows zero-padded to ``rows`` (the longest)."""
+    def _rows(stack: Pair) -> tuple[int, int]:
+        return stack.G.shape[-2], stack.H.shape[-2]
+
+    @staticmethod
+    def _stack(pairs: list, rows: tuple[int, int] | None = None) -> Pair:
+        """Pairs stacked on a new first dim, each factor's rows zero-padded to ``rows``.
+
+        ``rows``: ``(rows of G, rows of H)``; default the longest of each.
+        """
         if rows is None:
-            rows = max(M.shape[-2] for p in pairs for M in p)
+            rows = tuple(max(p[k].shape[-2] for p in pairs) for k in (0, 1))
         return Pair(
             *(
                 torch.stack(
-                    [torch.nn.functional.pad(p[k], (0, 0, 0, rows - p[k].shape[-2])) for p in pairs]
+                    [
+                        torch.nn.functional.pad(p[k], (0, 0, 0, rows[k] - p[k].shape[-2]))
+                        for p in pairs
+                    ]
                 )
                 for k in (0, 1)
             )
@@ -236,7 +252,7 @@ class Quotient:
         if len(tangents) != len(self.blocks):
             raise ValueError(f"expected {len(self.blocks)} pairs, got {len(tangents)}")
         stacked = [
-            self._stack([tangents[j] for j in js], s.G.shape[-2])
+            self._stack([tangents[j] for j in js], self._rows(s))
             for js, s in zip(self.members, self.stacks, strict=True)
         ]
         return self.scatter_stacks(stacked)

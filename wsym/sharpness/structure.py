@@ -47,7 +47,8 @@ class TangentLayout:
     ``slots`` leading plain entries with metric weights ``slot_inv``; per stack its
     ``(G, H)`` slices (None: not in the layout); the scaling gather ``sup``/``idx``/``val``
     (``exps``: the exponents alone, ``val`` times theta) and the translation directions
-    ``D`` restricted to the layout's entries.
+    ``D`` restricted to the layout's entries (``d_rows``, ``d_vals``: its nonzero rows, the
+    only ones the linear maps touch).
     """
 
     n: int
@@ -59,6 +60,8 @@ class TangentLayout:
     val: Tensor
     D: Tensor
     exps: Tensor
+    d_rows: Tensor
+    d_vals: Tensor
 
 
 class Structure:

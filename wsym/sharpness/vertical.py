@@ -41,10 +41,13 @@ import torch
 from torch import Tensor
 
 from wsym.group.spec import SymmetrySpec
+from wsym.sharpness import tangent
 from wsym.sharpness.exponents import translation_directions
 from wsym.sharpness.geometry import Gram
+from wsym.sharpness.geometry.block import mm
 from wsym.sharpness.schur import schur
 from wsym.sharpness.structure import TangentLayout, structure
+from wsym.sharpness.tangent import FlatTangent
 
 TOL = 1e-11
 """Relative residual (in the preconditioned norm) at which the Gram solve stops."""
@@ -110,6 +113,7 @@ class Horizontal:
         self._schur = None
         self.exact = True  # the Schur complement where it applies, else conjugate gradients
         self._keep_commutes = self._keeps_rows()
+        self._drop = None if self.keep is None else (self.keep == 0).nonzero().squeeze(1)
         self._precompute()
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
@@ -126,7 +130,7 @@ class Horizontal:
     def _full(self) -> TangentLayout:
         return TangentLayout(
             sum(self.sizes), self._slots, self.geom._inv, self._views,
-            self._support, self._idx, self._val, self.D, self._exps,
+            self._support, self._idx, self._val, self.D, self._exps, *_rows_of(self.D),
         )  # fmt: skip
 
     def _reduced(self) -> TangentLayout:
@@ -153,6 +157,7 @@ class Horizontal:
         return TangentLayout(
             len(R), slots, self.geom._inv[R[:slots]], views,
             sup, self._idx[:, cols], self._val[:, cols], self.D[R], self._exps[:, cols],
+            *_rows_of(self.D[R]),
         )  # fmt: skip
 
     # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
@@ -171,26 +176,35 @@ class Horizontal:
                 oG.copy_(P.solve(xG, left=False))
                 oH.copy_(Q.solve(xH, left=False))
             else:
-                oG.copy_(xG @ Q.matrix)
-                oH.copy_(xH @ P.matrix)
+                oG.copy_(mm(xG, Q.matrix))
+                oH.copy_(mm(xH, P.matrix))
         return out
 
-    def apply(self, c: Coefficients, lay: TangentLayout | None = None) -> Tensor:
-        """``J c`` as a flat tangent vector (in layout ``lay``, default all); None: zero part."""
+    def apply(
+        self,
+        c: Coefficients,
+        lay: TangentLayout | None = None,
+        out: Tensor | None = None,
+        alpha: float = 1.0,
+    ) -> Tensor:
+        """``J c`` as a flat tangent vector (in layout ``lay``, default all); None: zero part.
+
+        ``out``: add ``alpha J c`` to this flat vector in place (and return it) instead.
+        """
         lay = lay or self._layout
         a, t, omegas = c[0], c[1], c[2:]
-        v = torch.zeros(lay.n, dtype=torch.float64)
+        v = torch.zeros(lay.n, dtype=torch.float64) if out is None else out
         if a is not None and a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
-            v[lay.sup] = (lay.val * ext[lay.idx]).sum(0)
+            v.index_add_(0, lay.sup, (lay.val * ext[lay.idx]).sum(0), alpha=alpha)
         if t is not None and t.numel():
-            v = v + lay.D @ t
+            v.index_add_(0, lay.d_rows, lay.d_vals @ t, alpha=alpha)
         for s, (G, H) in enumerate(self.stacks):
             if lay.views[s] is None or omegas[s] is None:
                 continue
             vG, vH = self._views_of(v, lay, s)
-            vG.add_(G @ omegas[s])
-            vH.sub_(H @ omegas[s].mT)
+            vG.add_(mm(G, omegas[s]), alpha=alpha)
+            vH.sub_(mm(H, omegas[s].mT), alpha=alpha)
         return v
 
     def adjoint(
@@ -203,13 +217,13 @@ class Horizontal:
         """
         lay = lay or self._layout
         a = self._unit_sums(lay.val * y[lay.sup], lay.idx) if units else y.new_zeros(self.n_units)
-        out = [a, lay.D.T @ y]
+        out = [a, lay.d_vals.T @ y[lay.d_rows]]
         for s, (G, H) in enumerate(self.stacks):
             if lay.views[s] is None or not blocks:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
                 continue
             yG, yH = self._views_of(y, lay, s)
-            om = G.mT @ yG - (H.mT @ yH).mT
+            om = mm(G.mT, yG) - mm(H.mT, yH).mT
             out.append(_skew(om) if self.skew[s] else om)
         return out
 
@@ -242,7 +256,8 @@ class Horizontal:
             P, Q = Gram.of(G, self.geom.eps), Gram.of(H, self.geom.eps)
             sides = (G.shape[-2] > 0, H.shape[-2] > 0)
             if self.geom.metrics[s] == "mixed" and all(sides):
-                self._blocks.append(("mixed", P.matrix, Q.matrix))
+                inverses = (P.inverse, Q.inverse)  # None where not numerically PD
+                self._blocks.append(("mixed", P.matrix, Q.matrix, *inverses))
             elif all(sides):  # invariant: P W P^-1 + Q^-1 W Q = R, i.e. C W + W C = Q R P
                 Qh = _sym_sqrt(Q.matrix)
                 lam, U = torch.linalg.eigh(Qh @ P.matrix @ Qh)
@@ -262,17 +277,20 @@ class Horizontal:
         for s, (plan, R) in enumerate(zip(self._blocks, r[2:], strict=True)):
             kind = plan[0]
             if kind == "mixed":
-                _, P, Q = plan
-                W = 0.5 * torch.linalg.solve(P, torch.linalg.solve(Q, R.mT).mT)
+                _, P, Q, Pinv, Qinv = plan
+                if Pinv is None or Qinv is None:
+                    W = 0.5 * torch.linalg.solve(P, torch.linalg.solve(Q, R.mT).mT)
+                else:
+                    W = 0.5 * mm(mm(Pinv, R), Qinv)
             elif kind == "lyapunov":
                 _, Q, P, S, Sinv, den = plan
-                W = S @ ((Sinv @ (Q @ R @ P) @ S) / den) @ Sinv
+                W = mm(mm(S, mm(mm(Sinv, mm(mm(Q, R), P)), S) / den), Sinv)
             elif kind == "left":
                 _, P, Pinv = plan
-                W = Pinv @ R @ P
+                W = mm(mm(Pinv, R), P)
             else:
                 _, Q, Qinv = plan
-                W = Q @ R @ Qinv
+                W = mm(mm(Q, R), Qinv)
             out.append(_skew(W) if self.skew[s] else W)
         return out
 
@@ -283,16 +301,28 @@ class Horizontal:
         ``covector``: ``M xi``, flat, where the caller has it (a Riemannian gradient's is
         the Euclidean gradient), which saves applying the metric.
         """
-        v = self._flat(xi)
-        if self.keep is not None:
-            v = v * self.keep
+        return self.project_flat(tangent.flat_copy(xi), covector, own_covector=False)
+
+    def project_flat(
+        self, v: Tensor, covector: Tensor | None = None, own_covector: bool = True
+    ) -> FlatTangent:
+        """:meth:`project` of a flat tangent ``v``, overwritten with its horizontal part.
+
+        ``own_covector``: ``covector`` may be overwritten too (the caller built it).
+        Returns the tangent-layout views of ``v``.
+        """
+        if self._drop is not None:
+            v.index_fill_(0, self._drop, 0.0)
         if self.active:
             if covector is None or not self._keep_commutes:
                 y = self.lower(v)
+            elif self._drop is None:
+                y = covector
             else:  # the zeroed entries are whole block rows, so M commutes with zeroing
-                y = covector if self.keep is None else covector * self.keep
-            v = v - self.apply(self.solve(self.adjoint(y)))
-        return self._unflat(v)
+                fill = covector.index_fill_ if own_covector else covector.index_fill
+                y = fill(0, self._drop, 0.0)
+            self.apply(self.solve(self.adjoint(y)), out=v, alpha=-1.0)
+        return FlatTangent.of(v, self.shapes)
 
     def _keeps_rows(self) -> bool:
         """Whether :attr:`keep` zeroes whole rows of the blocks (then it commutes with M)."""
@@ -378,6 +408,12 @@ class Horizontal:
         return out + [
             w if keep else torch.zeros_like(w) for w, keep in zip(c[2:], stacks, strict=True)
         ]
+
+
+def _rows_of(D: Tensor) -> tuple[Tensor, Tensor]:
+    """The nonzero rows of the translation directions ``D``: their indices and values."""
+    rows = D.any(1).nonzero().squeeze(1)
+    return rows, D[rows]
 
 
 def _dot(a: Coefficients, b: Coefficients) -> Tensor:

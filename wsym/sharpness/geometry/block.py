@@ -97,6 +97,26 @@ def vertical(block: Pair | tuple[Tensor, Tensor], omega: Tensor) -> Pair:
     return Pair(-G @ omega, H @ omega.mT)
 
 
+def mm(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``, as broadcast products where a dimension of the product is 1.
+
+    GL(1) blocks (``h = 1``, one per scaling unit, stacked by the thousand) make every
+    product of the geometry an outer product ``(n, 1) @ (1, k)`` or a dot product
+    ``(1, n) @ (n, 1)``; batched matrix multiplication of such shapes costs many
+    times the elementwise products it amounts to.
+
+    Example:
+        >>> a, b, c = torch.randn(5, 3, 1), torch.randn(5, 1, 4), torch.randn(5, 1, 3)
+        >>> torch.allclose(mm(a, b), a @ b) and torch.allclose(mm(c, a), c @ a)
+        True
+    """
+    if a.shape[-1] == 1:
+        return a * b
+    if a.shape[-2] == 1 and b.shape[-1] == 1:
+        return (a.mT * b).sum(-2, keepdim=True)
+    return a @ b
+
+
 #: ``id(M) -> (weak reference to M, (eps, version), Gram)`` (see :meth:`Gram.of`).
 _GRAMS: dict[int, tuple] = {}
 
@@ -131,7 +151,7 @@ class Gram:
         hit = _GRAMS.get(id(M))
         if hit is not None and hit[0]() is M and hit[1] == key:
             return hit[2]
-        raw = M.mT @ M
+        raw = mm(M.mT, M)
         gram = cls(raw, _shift(raw, eps))
         if not M.requires_grad:
             ident = id(M)
@@ -161,7 +181,7 @@ class Gram:
         inv = self.inverse
         if inv is None:
             return torch.linalg.solve_ex(self.matrix, X, left=left)[0]
-        return inv @ X if left else X @ inv
+        return mm(inv, X) if left else mm(X, inv)
 
     def eigh(self) -> tuple[Tensor, Tensor]:
         """Eigenvalues ``p`` (of ``M^T M``, clamped at 0) and orthonormal eigenvectors ``U``."""

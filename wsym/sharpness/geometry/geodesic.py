@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric
+from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric, mm
 
 
 def _sym(M: Tensor) -> Tensor:
@@ -38,16 +38,16 @@ def _invariant_factor(M: Tensor, xi: Tensor, eps: float) -> tuple[Tensor, Callab
     ``P = M^T M + s I``; the VJP returns ``g - (d/dv Gamma(xi, xi)/2 [v])^T g``.
     """
     P = Gram.of(M, eps)
-    S = _sym(xi.mT @ M)
+    S = _sym(mm(xi.mT, M))
     h = M.shape[-1]
-    Z = P.solve(torch.cat([S, xi.mT @ xi], dim=-1))
-    gamma = -xi @ Z[..., :h] + M @ Z[..., h:]
+    Z = P.solve(torch.cat([S, mm(xi.mT, xi)], dim=-1))
+    gamma = -mm(xi, Z[..., :h]) + mm(M, Z[..., h:])
 
     def vjp(g: Tensor) -> Tensor:
-        W = P.solve(torch.cat([xi.mT @ g, M.mT @ g], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
+        W = P.solve(torch.cat([mm(xi.mT, g), mm(M.mT, g)], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
         # S P^-1 = (P^-1 S)^T: both symmetric
-        adj = -0.5 * g @ Z[..., :h].mT - 0.5 * M @ _sym(W[..., :h])
-        return g - (adj + 0.5 * xi @ _sym(W[..., h:]))
+        adj = -0.5 * mm(g, Z[..., :h].mT) - 0.5 * mm(M, _sym(W[..., :h]))
+        return g - (adj + 0.5 * mm(xi, _sym(W[..., h:])))
 
     return gamma, vjp
 
@@ -56,21 +56,21 @@ def _mixed(block: Pair, xi: Pair, eps: float) -> tuple[Pair, Callable]:
     """``Gamma(xi, xi)`` of the mixed metric and the VJP of the step (G and H coupled)."""
     (G, H), (xG, xH) = block, xi
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
-    S_G, S_H = _sym(xG.mT @ G), _sym(xH.mT @ H)
+    S_G, S_H = _sym(mm(xG.mT, G)), _sym(mm(xH.mT, H))
     A_G, A_H = P.solve(S_G, left=False), Q.solve(S_H, left=False)  # S P^-1, S Q^-1
     gamma = Pair(
-        xG @ A_H - G @ Q.solve(xH.mT @ xH, left=False),
-        xH @ A_G - H @ P.solve(xG.mT @ xG, left=False),
+        mm(xG, A_H) - mm(G, Q.solve(mm(xH.mT, xH), left=False)),
+        mm(xH, A_G) - mm(H, P.solve(mm(xG.mT, xG), left=False)),
     )
 
     def vjp(g: Pair) -> Pair:
         gG, gH = g
         # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
-        M_G, N_G = Q.solve(xG.mT @ gG, left=False), Q.solve(G.mT @ gG, left=False)
-        M_H, N_H = P.solve(xH.mT @ gH, left=False), P.solve(H.mT @ gH, left=False)
+        M_G, N_G = Q.solve(mm(xG.mT, gG), left=False), Q.solve(mm(G.mT, gG), left=False)
+        M_H, N_H = P.solve(mm(xH.mT, gH), left=False), P.solve(mm(H.mT, gH), left=False)
         # Q^-1 S_H = (S_H Q^-1)^T: both symmetric
-        adj_G = 0.5 * (gG @ A_H.mT + G @ _sym(M_H) - xG @ _sym(N_H))
-        adj_H = 0.5 * (gH @ A_G.mT + H @ _sym(M_G) - xH @ _sym(N_G))
+        adj_G = 0.5 * (mm(gG, A_H.mT) + mm(G, _sym(M_H)) - mm(xG, _sym(N_H)))
+        adj_H = 0.5 * (mm(gH, A_G.mT) + mm(H, _sym(M_G)) - mm(xH, _sym(N_G)))
         return Pair(gG - adj_G, gH - adj_H)
 
     return gamma, vjp

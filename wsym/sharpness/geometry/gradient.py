@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric
+from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric, mm
 from wsym.sharpness.geometry.horizontal import horizontal
 from wsym.sharpness.geometry.metrics import _elementwise_shift
 
@@ -58,7 +58,7 @@ def riemannian_gradient(
     gG, gH = as_pair(grad)
     metric = check_metric(metric)
     if metric == "invariant":
-        r = Pair(gG @ Gram.of(G, eps).matrix, gH @ Gram.of(H, eps).matrix)
+        r = Pair(mm(gG, Gram.of(G, eps).matrix), mm(gH, Gram.of(H, eps).matrix))
     elif metric == "mixed":
         r = Pair(Gram.of(H, eps).solve(gG, left=False), Gram.of(G, eps).solve(gH, left=False))
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric
+from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric, mm
 
 
 def _trace_product(S: Tensor, K: Tensor) -> Tensor:
@@ -60,7 +60,7 @@ def inner(
     eG, eH = as_pair(eta)
     zG, zH = as_pair(zeta)
     metric = check_metric(metric)
-    KG, KH = eG.mT @ zG, eH.mT @ zH
+    KG, KH = mm(eG.mT, zG), mm(eH.mT, zH)
     if metric == "euclidean":
         return KG.diagonal(dim1=-2, dim2=-1).sum(-1) + KH.diagonal(dim1=-2, dim2=-1).sum(-1)
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
