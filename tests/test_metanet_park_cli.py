@@ -45,3 +45,25 @@ def test_predict_accepts_every_park_family(tmp_path, capsys):
         gap = json.loads(capsys.readouterr().out)["gap"]
         assert math.isfinite(gap)
         assert gap == pytest.approx(float(predictor.predict(zoo.state_dict(i))))
+
+
+def test_predict_without_metanet_picks_the_shipped_model_that_reads_the_checkpoint(
+    tmp_path, capsys
+):
+    if not PARK_ZOO.is_dir():
+        pytest.skip("no park zoo in this checkout")
+    zoo = load(PARK_ZOO)
+    cnn = _one_per_family(zoo)["park_cnn1d"]
+    ckpt = tmp_path / "cnn.safetensors"
+    save_state_dict(zoo.state_dict(cnn), ckpt)
+    capsys.readouterr()
+    assert cli.main(["predict", "--checkpoint", str(ckpt), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["metanet"].endswith("metanet-mnist1d-park.safetensors")  # the MLP model refuses it
+    default_zoo = load(ROOT / "data" / "zoos" / "mnist1d-mlp")
+    mlp = tmp_path / "mlp.safetensors"
+    save_state_dict(default_zoo.state_dict(0), mlp)
+    assert cli.main(["predict", "--checkpoint", str(mlp), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metanet"].endswith(
+        "metanet-mnist1d-mlp.safetensors"
+    )

@@ -26,8 +26,13 @@ from wsym.cli.common import EXIT_OK, add_command
 from wsym.errors import WsymInputError
 from wsym.io.resources import MODELS
 
-#: The shipped meta-network ``wsym predict`` uses without ``--metanet``.
-DEFAULT_METANET = MODELS / "metanet-mnist1d-mlp.safetensors"
+#: The shipped meta-networks ``wsym predict`` uses without ``--metanet``, in order: the
+#: first that reads the checkpoint's architecture predicts (the default zoo's MLP, then
+#: every architecture of the park).
+DEFAULT_METANETS = (
+    MODELS / "metanet-mnist1d-mlp.safetensors",
+    MODELS / "metanet-mnist1d-park.safetensors",
+)
 
 #: Default predictors of ``metanet eval`` (as :data:`wsym.metanet.evaluate.PREDICTORS`;
 #: spelled out here so that the parser does not import torch-geometric).
@@ -310,20 +315,35 @@ def run_predict(args: argparse.Namespace) -> int:
     from wsym.io.checkpoint import load_state_dict
     from wsym.metanet import load
 
-    path = Path(args.metanet) if args.metanet else DEFAULT_METANET
-    if not args.metanet and not path.is_file():
-        raise WsymInputError(f"no shipped meta-network at {path}; pass --metanet FILE")
-    predictor = load(path)
+    paths = [Path(args.metanet)] if args.metanet else [p for p in DEFAULT_METANETS if p.is_file()]
+    if not paths:
+        raise WsymInputError(f"no shipped meta-network in {MODELS}; pass --metanet FILE")
     sd = load_state_dict(args.checkpoint)
+    model = None
     if args.model:
         from wsym.io.checkpoint import check_compatible
         from wsym.models.registry import build_model, parse_config
 
         model = build_model(args.model, parse_config(args.config))
         check_compatible(model.state_dict(), sd, args.checkpoint)
-    gap = float(predictor.predict(sd))
+    for i, path in enumerate(paths):
+        try:
+            gap = _predict(load(path), model, sd)
+            break
+        except WsymInputError:
+            if i == len(paths) - 1:
+                raise
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "metanet": str(path), "gap": gap}))
     else:
-        print(f"predicted generalization gap: {gap:.4f}")
+        print(f"predicted generalization gap: {gap:.4f} ({path.name})")
     return EXIT_OK
+
+
+def _predict(predictor: Any, model: Any, sd: dict) -> float:
+    """One checkpoint's predicted gap; a park predictor reads any architecture given its model."""
+    from wsym.metanet.park import ParkPredictor
+
+    if isinstance(predictor, ParkPredictor) and model is not None:
+        return float(predictor.predict((model, sd)))
+    return float(predictor.predict(sd))
