@@ -55,8 +55,7 @@ def evaluate(
     total, loss_sum, correct = 0, 0.0, 0
     with eval_mode(model):
         for inputs, targets in batches:
-            if weight is not None:
-                inputs, targets = _to_weights(weight, inputs), targets.to(weight.device)
+            inputs, targets = batch_to(weight, inputs, targets)
             args, kwargs = model_inputs(model, inputs)
             if state_dict is None:
                 out = model(*args, **kwargs)
@@ -78,8 +77,14 @@ def _first_weight(model: nn.Module, state_dict: dict | None) -> torch.Tensor | N
     return next(model.parameters(), None)
 
 
-def _to_weights(weight: torch.Tensor, inputs):
-    if not isinstance(inputs, torch.Tensor):
-        return inputs
-    dtype = weight.dtype if inputs.is_floating_point() else inputs.dtype
-    return inputs.to(weight.device, dtype)
+def batch_to(weight: torch.Tensor | None, inputs, targets: torch.Tensor) -> tuple:
+    """A batch moved to ``weight``'s device, a floating Tensor input also to its dtype.
+
+    Tuple and dict inputs are left as they are; without a weight nothing moves.
+    """
+    if weight is None:
+        return inputs, targets
+    if isinstance(inputs, torch.Tensor):
+        dtype = weight.dtype if inputs.is_floating_point() else inputs.dtype
+        inputs = inputs.to(weight.device, dtype)
+    return inputs, targets.to(weight.device)

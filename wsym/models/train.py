@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from wsym.errors import WsymInputError
 from wsym.io.datasets import Dataset
-from wsym.models.evaluate import evaluate
+from wsym.models.evaluate import batch_to, evaluate
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -73,11 +73,12 @@ def train(
     opt = _make_optimizer(model, optimizer, lr, momentum, weight_decay)
     orders = torch.Generator().manual_seed(seed)
     steps = 0
+    weight = next(model.parameters(), None)
     for _ in range(epochs):
         model.train()
         order_seed = int(torch.randint(0, 2**62, (1,), generator=orders))
         for inputs, targets in data.batches("train", batch_size, seed=order_seed, shuffle=True):
-            inputs, targets = _to_model(model, inputs, targets)
+            inputs, targets = batch_to(weight, inputs, targets)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(inputs), targets).backward()
             opt.step()
@@ -102,14 +103,3 @@ def _make_optimizer(
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     raise WsymInputError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
-
-
-def _to_model(
-    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move a batch to the device (and floating dtype) of the model's first parameter."""
-    param = next(model.parameters(), None)
-    if param is None:
-        return inputs, targets
-    dtype = param.dtype if inputs.is_floating_point() else inputs.dtype
-    return inputs.to(param.device, dtype), targets.to(param.device)
