@@ -191,37 +191,18 @@ def fit(
     whole = batch_graphs(graphs)
     net.edge_enc.fit(log_beyond(whole.edge_attr).float(), whole.edge_type)
     net.attr_enc.fit(log_beyond(whole.attr_val).float(), whole.attr_type)
-    start = time.perf_counter()
-    stat_tau, blend_taus = _train_statistics(
-        net.stats,
+    stat_tau, blend_taus, stat_seconds = statistics_stage(
+        net,
         stat_input(whole),
         ((y - mean) / std).float(),
         stat_input(batch_graphs(val_graphs)),
         ((y_val - mean) / std).float(),
-        epochs=c.stat_epochs,
-        patience=c.stat_patience,
-        lr=c.stat_lr,
-        seed=seed,
+        c,
+        seed,
     )
-    stat_seconds = time.perf_counter() - start
-    nn.init.zeros_(net.head[-1].weight)
-    nn.init.zeros_(net.head[-1].bias)
-    net.stats.requires_grad_(False)
     predictor = Predictor(spec, net, meta)
-    report = _train(
-        predictor,
-        graphs,
-        (y - mean) / std,
-        val_graphs,
-        y_val,
-        epochs=c.epochs,
-        lr=c.lr,
-        weight_decay=c.weight_decay,
-        batch_size=c.batch_size,
-        rank_weight=c.rank_weight,
-        patience=c.patience,
-        seed=seed,
-        on_epoch=on_epoch,
+    report = graph_stage(
+        predictor, graphs, (y - mean) / std, val_graphs, y_val, c, seed, on_epoch=on_epoch
     )
     report.update(
         graph_seconds=graph_seconds,
@@ -232,6 +213,54 @@ def fit(
     )
     meta["report"] = report
     return predictor
+
+
+def statistics_stage(net, x, z, x_val, z_val, c: FitConfig, seed: int) -> tuple:
+    """Stage 1 on ``net.stats`` (skipped when ``x`` is None), then the graph branch's start.
+
+    The head is zeroed and the statistics branch frozen, so the graph branch starts from
+    the statistics' predictions. Returns ``(validation tau, {blend: tau}, seconds)``.
+    """
+    start = time.perf_counter()
+    tau, taus = float("nan"), {}
+    if x is not None:
+        tau, taus = _train_statistics(
+            net.stats,
+            x,
+            z,
+            x_val,
+            z_val,
+            epochs=c.stat_epochs,
+            patience=c.stat_patience,
+            lr=c.stat_lr,
+            seed=seed,
+        )
+    seconds = time.perf_counter() - start
+    nn.init.zeros_(net.head[-1].weight)
+    nn.init.zeros_(net.head[-1].bias)
+    net.stats.requires_grad_(False)
+    return tau, taus, seconds
+
+
+def graph_stage(
+    predictor, graphs, z, val_graphs, y_val, c: FitConfig, seed: int, epochs=None, on_epoch=None
+) -> dict:
+    """Stage 2: the graph branch, trained with ``c``'s settings (``epochs`` overrides its own)."""
+    return _train(
+        predictor,
+        graphs,
+        z,
+        val_graphs,
+        y_val,
+        epochs=c.epochs if epochs is None else epochs,
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        batch_size=c.batch_size,
+        rank_weight=c.rank_weight,
+        patience=c.patience,
+        seed=seed,
+        on_epoch=on_epoch,
+    )
 
 
 def split_validation(graphs, y, validation, val_graphs, read, val_fraction: float, seed: int):

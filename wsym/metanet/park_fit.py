@@ -16,13 +16,16 @@ are then monotone in the targets' ranks, which is what Kendall tau reads).
 
 from __future__ import annotations
 
-import time
-
 import torch
-from torch import nn
 
 from wsym.errors import WsymInputError
-from wsym.metanet.fit import BLENDS, FitConfig, _train, _train_statistics, split_validation
+from wsym.metanet.fit import (
+    BLENDS,
+    FitConfig,
+    graph_stage,
+    split_validation,
+    statistics_stage,
+)
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.metrics import kendall_tau
 from wsym.metanet.park import ParkPredictor, network_of
@@ -112,43 +115,17 @@ def fit_park(
     z = (z - mean) / std
     whole = batch_graphs(graphs)
     net.fit_inputs(whole)
-    start = time.perf_counter()
-    stat_tau = float("nan")
+    x = x_val = z_val = None  # the statistics branch's inputs, unless it is left out
     if branches != "graph":
+        x, x_val = whole.stat_x, batch_graphs(val_graphs).stat_x
         # validation targets on the training scale only matter for ranking (tau)
         z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
-        stat_tau, _ = _train_statistics(
-            net.stats,
-            whole.stat_x,
-            z.float(),
-            batch_graphs(val_graphs).stat_x,
-            z_val,
-            epochs=c.stat_epochs,
-            patience=c.stat_patience,
-            lr=c.stat_lr,
-            seed=seed,
-        )
-    stat_seconds = time.perf_counter() - start
-    nn.init.zeros_(net.head[-1].weight)
-    nn.init.zeros_(net.head[-1].bias)
-    net.stats.requires_grad_(False)
+    stat_tau, _, stat_seconds = statistics_stage(net, x, z.float(), x_val, z_val, c, seed)
     blend = branches == "both" and combine == "blend"
     if blend:
         net.branches = "graph"  # trained on its own, then weighed against the statistics
-    report = _train(
-        p,
-        graphs,
-        z,
-        val_graphs,
-        y_val,
-        epochs=c.epochs if branches != "stats" else 0,
-        lr=c.lr,
-        weight_decay=c.weight_decay,
-        batch_size=c.batch_size,
-        rank_weight=c.rank_weight,
-        patience=c.patience,
-        seed=seed,
-    )
+    epochs = c.epochs if branches != "stats" else 0
+    report = graph_stage(p, graphs, z, val_graphs, y_val, c, seed, epochs=epochs)
     report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
     if blend:
         net.branches = "both"
