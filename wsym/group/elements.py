@@ -97,23 +97,52 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
     out = OrderedDict(state_dict)
     if hasattr(state_dict, "_metadata"):
         out._metadata = state_dict._metadata
-    pending: list = []  # blockwise parts, applied together (act_chain) at the next other one
+    for fused, parts in _schedule(spec, g):
+        if fused:
+            out.update(act_chain(spec, parts, out))
+        else:
+            for group, value in parts:
+                out.update(kind_of(group).act(spec, group, value, out))
+    for alias, key in spec.aliases:
+        out[alias] = out[key]
+    return out
+
+
+def _schedule(spec: SymmetrySpec, g: GroupElement) -> list[tuple[bool, list]]:
+    """``g``'s parts in phases ``[(fused, [(group, value), ...])]``, applied in turn.
+
+    Fused phases (even) hold :attr:`~wsym.group.kinds.base.Kind.fusable` parts,
+    applied in one :func:`act_chain`; the others hold the rest, one after the
+    other. A part goes to the earliest phase of its type after every earlier part
+    it does not commute with: parts of :attr:`~wsym.group.kinds.base.Kind.local`
+    kinds on disjoint classes commute, so a DenseNet's ~2500 groups act in three
+    phases (permutations; BatchNorm scalings; signs and scalings), not ~200.
+    Within a phase the parts keep their order.
+    """
+    phases: list[list] = []
+    last: dict[int, int] = {}  # class -> last phase that touched it
+    barrier = -1  # the last phase of a part not confined to classes
     for i, value, inverted in g.parts():
         group = spec.groups[i]
         kind = kind_of(group)
         value = kind.inverse(group, value) if inverted else value
-        if kind.fusable:
-            pending.append((group, value))
-            continue
-        if pending:
-            out.update(act_chain(spec, pending, out))
-            pending = []
-        out.update(kind.act(spec, group, value, out))
-    if pending:
-        out.update(act_chain(spec, pending, out))
-    for alias, key in spec.aliases:
-        out[alias] = out[key]
-    return out
+        fused = kind.fusable
+        confined = kind.local and group.cls >= 0
+        if confined:  # after the earlier parts on its classes
+            lo = max([barrier, *(last.get(c, -1) for c in (group.cls, *group.index))])
+        else:  # after every earlier part
+            lo = len(phases) - 1
+        phase = max(lo, 0)
+        if (phase % 2 == 0) != fused:
+            phase += 1
+        while len(phases) <= phase:
+            phases.append([])
+        phases[phase].append((group, value))
+        if confined:
+            last.update(dict.fromkeys((group.cls, *group.index), phase))
+        else:
+            barrier = phase
+    return [(k % 2 == 0, parts) for k, parts in enumerate(phases) if parts]
 
 
 def _check_state(spec: SymmetrySpec, g: GroupElement, state_dict: dict, layout: dict) -> None:

@@ -128,27 +128,71 @@ def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False
     (``fn`` must leave the others unchanged, or, with ``zero``, map them to zero):
     a tensor concatenated from many classes (a DenseNet's BatchNorm over all
     earlier layers' features) is then visited once per group, not once per block.
+    The blocks of a concatenation are read and written as views (:func:`_boxes`).
     """
     plan = block_plan(spec, key)
     if isinstance(plan, tuple):
         shape, lv = plan
         return fn(t.reshape(shape), list(lv)).reshape(t.shape)
-    flat = t.reshape(-1)
     if cls is None:
         visit = range(len(plan))
     elif isinstance(cls, frozenset):  # any of several classes
         visit = sorted({b for c in cls for b in blocks_with(spec, key, c)})
     else:
         visit = blocks_with(spec, key, cls)
-    blocks = [(plan[b][0], fn(flat[plan[b][0]], plan[b][1])) for b in visit]
-    if cls is None or len(visit) == len(plan):
-        out = torch.empty(flat.shape, dtype=blocks[0][1].dtype)
+    boxes = _boxes(spec, key)
+    src = t.contiguous()
+    done = [(boxes[b], fn(_at(src, boxes[b]), plan[b][1])) for b in visit]
+    dtype = done[0][1].dtype if done else t.dtype
+    if len(done) == len(plan):
+        out = torch.empty(t.shape, dtype=dtype)
     else:
-        dtype = blocks[0][1].dtype if blocks else flat.dtype
-        out = torch.zeros(flat.shape, dtype=dtype) if zero else flat.to(dtype, copy=True)
-    for idx, block in blocks:
-        out[idx.reshape(-1)] = block.reshape(-1)
-    return out.reshape(t.shape)
+        out = torch.zeros(t.shape, dtype=dtype) if zero else t.to(dtype, copy=True)
+    for steps, block in done:
+        view = _at(out, steps)
+        view.copy_(block.reshape(view.shape))
+    return out
+
+
+def _boxes(spec: SymmetrySpec, key: str) -> list[tuple]:
+    """The blocks of :func:`block_plan` as views: per block, the ``steps`` that reach it.
+
+    ``("view", shape)`` splits a product axis, ``("narrow", axis, start, length)``
+    cuts a concatenation; in :func:`transform`'s order (the plan's), memoized.
+    """
+
+    def compute():
+        out: list = []
+
+        def walk(shape, trees, steps):
+            for i, tree in enumerate(trees):
+                if isinstance(tree, Split) and tree.mode == "prod":
+                    new = shape[:i] + tuple(c.size for c in tree.children) + shape[i + 1 :]
+                    trees = trees[:i] + list(tree.children) + trees[i + 1 :]
+                    return walk(new, trees, (*steps, ("view", new)))
+                if isinstance(tree, Split):
+                    start = 0
+                    for child in tree.children:
+                        sub = shape[:i] + (child.size,) + shape[i + 1 :]
+                        step = ("narrow", i, start, child.size)
+                        walk(sub, trees[:i] + [child] + trees[i + 1 :], (*steps, step))
+                        start += child.size
+                    return None
+            out.append(steps)
+            return None
+
+        trees = list(spec.layout[key])
+        walk(tuple(t.size for t in trees), trees, ())
+        return out
+
+    return derived(spec, ("boxes", key), compute)
+
+
+def _at(t: Tensor, steps) -> Tensor:
+    """The view of ``t`` that ``steps`` (from :func:`_boxes`) reach."""
+    for step in steps:
+        t = t.view(step[1]) if step[0] == "view" else t.narrow(*step[1:])
+    return t
 
 
 def blocks_with(spec: SymmetrySpec, key: str, cls: int) -> tuple[int, ...]:

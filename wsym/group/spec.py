@@ -26,10 +26,11 @@ graph are kept beside it (:mod:`wsym.group.memo`).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 
-from wsym.group.memo import attach_graph, graph_of
+from wsym.group.memo import attach_graph, derived, graph_of
 
 KINDS = ("permutation", "scaling", "sign", "gl", "orthogonal", "translation", "norm_scaling")
 
@@ -51,7 +52,7 @@ class Split:
     mode: str
     children: tuple
 
-    @property
+    @functools.cached_property  # a frozen value: computed once (not a field)
     def size(self) -> int:
         """Number of entries along this axis."""
         sizes = [c.size for c in self.children]
@@ -171,8 +172,8 @@ class SymmetrySpec:
     # -- derived maps -----------------------------------------------------
     @property
     def layout(self) -> dict[str, tuple]:
-        """Param -> tuple of dimension trees."""
-        return dict(self.layouts)
+        """Param -> tuple of dimension trees (one dict per spec: do not modify it)."""
+        return derived(self, "layout", lambda: dict(self.layouts))
 
     def axes_of(self, group: Group) -> list[tuple[str, int]]:
         """(param, dim) pairs a group acts on."""

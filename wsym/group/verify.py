@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from wsym.errors import SymmetryWarning
 from wsym.group.adversary import adversarial_inputs, cheap
 from wsym.group.elements import act, sample
-from wsym.group.floor import FACTOR, Islands, perturbed_state, relative
+from wsym.group.floor import EPS64, FACTOR, Islands, perturbed_state, relative
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
 
@@ -135,15 +135,22 @@ class Probe:
     def floor(self, state: dict) -> float:
         """The numerical floor at ``state`` (:mod:`wsym.group.floor`), measured once per state.
 
-        The perturbed weights are drawn once and shared by every rescaled probe.
+        The perturbed weights are drawn once and shared by every rescaled probe, and
+        so is whether the model computes anything below float64 (its islands): where
+        it does not, the later floors run without the dispatch mode that perturbs them.
         """
         key = id(state)
         if key not in self._floors:
             if self._shared.get("perturbed", (None,))[0] is not state:
                 gen = torch.Generator().manual_seed(self.seed + 7)
                 self._shared["perturbed"] = (state, perturbed_state(state, gen))
-            islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
-            y1 = self(self._shared["perturbed"][1], mode=islands)
+            if self._shared.get("islands", True):  # unknown yet, or the model has some
+                islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
+                y1 = self(self._shared["perturbed"][1], mode=islands)
+                # the same ops run on every input: without islands, no mode is needed again
+                self._shared["islands"] = islands.eps > EPS64
+            else:
+                y1 = self(self._shared["perturbed"][1])
             eps = torch.finfo(self.dtype).eps
             self._floors[key] = max(relative(y1, self.reference(state)), eps)
         return self._floors[key]

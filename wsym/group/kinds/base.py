@@ -45,6 +45,10 @@ class Kind:
         additive: acts by adding a constant (translations).
         fusable: :meth:`act` is :meth:`block_fn` applied block by block (nothing
             else), so that several elements act in one pass per tensor (:func:`act_chain`).
+        local: :meth:`act` changes only the blocks of the group's class and index
+            classes, reading nothing else, so it commutes with any element acting on
+            other classes (fusable kinds are local; ``act`` moves a local part past
+            later fusable ones on other classes, to fuse those).
     """
 
     name: ClassVar[str] = ""
@@ -57,6 +61,7 @@ class Kind:
     self_dual: ClassVar[bool] = False
     additive: ClassVar[bool] = False
     fusable: ClassVar[bool] = True
+    local: ClassVar[bool] = True
 
     # -- description -----------------------------------------------------
     def symbol(self, group: Group) -> str:

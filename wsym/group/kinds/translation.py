@@ -33,6 +33,7 @@ class Translation(Kind):
 
     name = "translation"
     fusable = False  # acts by adding to its target, not block by block
+    local = False
     continuous = True
     additive = True
 
