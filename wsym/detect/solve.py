@@ -31,6 +31,7 @@ class Structure:
         self.atoms = ctx.atoms
         self.info: dict[int, ClassInfo] = {}
         self._canon: dict[int, tuple] = {}
+        self._leaves: dict[int, list] = {}
         self._pinned: dict | None = None
 
     def canon(self, a: int) -> tuple:
@@ -58,10 +59,16 @@ class Structure:
         return [{k: 1} for k in self._pinned.get(cls, [])]
 
     def leaves(self, a: int) -> list[tuple[tuple, int, int]]:
-        """``(occurrence key, leaf class, parity)`` for every leaf under atom ``a``."""
-        out: list = []
-        self._walk(a, self.canon(a), 0, None, frozenset(), False, out)
-        return out
+        """``(occurrence key, leaf class, parity)`` for every leaf under atom ``a`` (read only).
+
+        Walked once per atom: the atoms no longer change, and the walk's marks on the
+        classes' info are the same every time.
+        """
+        if a not in self._leaves:
+            out: list = []
+            self._walk(a, self.canon(a), 0, None, frozenset(), False, out)
+            self._leaves[a] = out
+        return self._leaves[a]
 
     def _walk(self, a, key, parity, blocked, breaks, conflict, out) -> None:
         r, p = self.atoms.find(a)
@@ -167,9 +174,10 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
     var_ids: dict = {}
     layouts = _Layouts()
     param_vars = _ParamVars()  # occurrence key -> leaf class, for state-dict entries
+    nodes = {n.name: n for n in traced.graph.nodes}
     for ph, key in state_keys.items():
         lay = ctx.layouts[ph]
-        shape = tuple(_node(traced, ph).meta["val"].shape)
+        shape = tuple(nodes[ph].meta["val"].shape)
         dims = tuple(
             Split("prod", tuple(st.tree(a, var_ids) for a in dim)) if n else Split("cat", ())
             for dim, n in zip(lay, shape, strict=True)
@@ -242,10 +250,6 @@ def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
                 if numel == best[cls][0]:
                     best[cls][1].append((node.name, d))
     return {c: sites for c, (_, sites) in best.items()}
-
-
-def _node(traced: Traced, name: str):
-    return next(n for n in traced.graph.nodes if n.name == name)
 
 
 def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list, dict]:
@@ -387,9 +391,12 @@ def _diagonal_group(ctx, system, cls, info, vec, var_ids, layouts, state_keys) -
     params = tuple(sorted({var_param[v] for v in exps}))
     if system == "sign":
         return Group("sign", info.size, 1, params, cls=cls, exponents=tuple(exps.items()))
+    per_param: dict = {}  # the exponents summed per parameter
+    for v, x in exps.items():
+        per_param[var_param[v]] = per_param.get(var_param[v], 0) + x
     corrections = []
     for w, rv, _, eps in ctx.bn_corrections:
-        u2 = sum(x for v, x in exps.items() if var_param[v] == state_keys[rv])
+        u2 = per_param.get(state_keys[rv], 0)
         if u2:
             if not _one_block(layouts, state_keys[rv], cls):
                 return None
