@@ -99,7 +99,7 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
         out._metadata = state_dict._metadata
     for fused, parts in _schedule(spec, g):
         if fused:
-            out.update(act_chain(spec, parts, out))
+            act_chain(spec, parts, out)
         else:
             for group, value in parts:
                 out.update(kind_of(group).act(spec, group, value, out))

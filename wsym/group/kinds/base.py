@@ -165,8 +165,11 @@ def index_sizes(spec: SymmetrySpec, group: Group) -> list[int]:
     return [sizes[c] for c in group.index]
 
 
-def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> dict[str, Tensor]:
-    """``parts = [(group, value), ...]`` of :attr:`Kind.fusable` kinds, acting in turn.
+def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:
+    """``parts = [(group, value), ...]`` of :attr:`Kind.fusable` kinds, acting in turn on ``state``.
+
+    ``state``'s entries are replaced one tensor at a time, so that no second copy
+    of every tensor it moves is held at once.
 
     Every block meets the same :meth:`Kind.block_fn` calls in the same order as
     when acting with one part after the other (bit-identical), but each tensor is
@@ -191,7 +194,5 @@ def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> dict[str, Tensor]
 
         return fn
 
-    return {
-        key: map_blocks(spec, key, state[key], chain(fs), frozenset(c for c, _ in fs))
-        for key, fs in fns.items()
-    }
+    for key, fs in fns.items():
+        state[key] = map_blocks(spec, key, state[key], chain(fs), frozenset(c for c, _ in fs))
