@@ -3,15 +3,19 @@
 Run from the repository root::
 
     .venv/bin/python benchmarks/detect_speed.py [--models resnet50,bert-base] [--json PATH]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/detect_speed.py \
+        --models densenet201,efficientnet_v2_s,regnet_x_8gf --clock cpu
 
 For each model (random weights, nothing downloaded) it times one float32 and one
 float64 forward pass (median of 10 after one warm-up), then the phases of
-``wsym.detect`` (trace, analysis + solving, verification = float64 probe setup +
-group-testing screen), and the whole ``wsym.detect`` call end to end.
+``wsym.detect`` (trace: recording one forward pass, or torch.export where that
+fails; analysis + solving; verification = float64 probe setup + group-testing
+screen), and the whole ``wsym.detect`` call end to end.
 Detection times are medians of 3 runs. One-time ``torch.export`` start-up is
 excluded by tracing a tiny model first.
 Ratios are seconds / (float32 forward seconds); the goal is detection +
-verification <= 20 forward passes.
+verification <= 20 forward passes. ``--clock cpu`` times this process's CPU
+seconds instead of wall seconds (on a machine shared with other jobs).
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import argparse
 import copy
 import json
 import statistics
+import time
 import warnings
 from collections import Counter
-from time import perf_counter
 
 import torch
 
 import wsym
-from wsym.detect import find_candidates
+from wsym.detect import detection_trace, find_candidates
 from wsym.detect.tracing.export import trace
 from wsym.group.verify import Probe, screen
 
@@ -54,7 +58,21 @@ def bert_base():
     return BertModel(config), {"input_ids": torch.randint(0, config.vocab_size, (1, 128))}
 
 
-MODELS = {"resnet50": resnet50, "bert-base": bert_base}
+def _small_torchvision(name):  # the architecture sweep's setting: 2x3x64x64
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None), torch.randn(2, 3, 64, 64)
+
+    return build
+
+
+MODELS = {
+    "resnet50": resnet50,
+    "bert-base": bert_base,
+    **{n: _small_torchvision(n) for n in ("densenet201", "efficientnet_v2_s", "regnet_x_8gf")},
+}
+perf_counter = time.perf_counter  # or time.process_time (--clock cpu)
 
 
 class CountingProbe(Probe):
@@ -62,9 +80,9 @@ class CountingProbe(Probe):
 
     calls = 0
 
-    def __call__(self, state):
-        self.calls += 1
-        return super().__call__(state)
+    def __call__(self, state, mode=None):
+        type(self).calls += 1  # the rescaled copies count too
+        return super().__call__(state, mode)
 
 
 def call(model, inputs):
@@ -96,12 +114,13 @@ def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
     """``wsym.detect``'s three phases, timed; returns (seconds, probe forwards)."""
     t = {}
     start = perf_counter()
-    traced = trace(model, inputs)
+    traced = detection_trace(model, inputs)
     t["trace"] = perf_counter() - start
     start = perf_counter()
     spec = find_candidates(traced, model)
     t["analyze + solve"] = perf_counter() - start
     start = perf_counter()
+    CountingProbe.calls = 0
     probe = CountingProbe(model, inputs, seed=seed)
     t["verify: probe setup"] = perf_counter() - start
     start = perf_counter()
@@ -109,7 +128,7 @@ def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
         screen(spec, probe, seed=seed)
     t["verify: screen"] = perf_counter() - start
     t["verify (total)"] = t["verify: probe setup"] + t["verify: screen"]
-    return t, probe.calls
+    return t, CountingProbe.calls
 
 
 def bench(name: str) -> dict:
@@ -150,7 +169,7 @@ def report(r: dict) -> None:
     print(f"{'phase':<22}{'seconds':>10}{'ratio':>10}")
     for k, s in r["seconds"].items():
         print(f"{k:<22}{s:>10.3f}{r['ratio'][k]:>10.1f}")
-    print(f"probe forward passes (float64) in screen: {r['probe_forwards']}")
+    print(f"probe forward passes (float64) in verification: {r['probe_forwards']}")
     groups = ", ".join(f"{k}: {n}" for k, n in r["groups"].items()) or "none"
     print(f"groups found: {sum(r['groups'].values())} ({groups})")
     print(f"detection + verification = {r['forward_passes']:.1f} forward passes (goal: <= {GOAL})")
@@ -162,7 +181,10 @@ def main() -> None:
         "--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS)
     )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
+    global perf_counter
+    perf_counter = time.process_time if args.clock == "cpu" else time.perf_counter
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODELS]
     if unknown:
