@@ -126,9 +126,13 @@ def init(alphas, d: int, gen, kind: str):
     return u, v
 
 
-def train(x, y, alphas, gen, lr: float, tol: float, max_steps: int, kind: str = "gaussian"):
-    """Full-batch GD of all networks at once (one row each); a network stops at ``tol``."""
+def train(x, y, alphas, gen, lr, tol: float, max_steps: int, kind: str = "gaussian"):
+    """Full-batch GD of all networks at once (one row each); a network stops at ``tol``.
+
+    ``lr``: one step size for all networks, or one per network (a tensor ``(m,)``).
+    """
     m = len(alphas)
+    lr = torch.as_tensor(lr, dtype=torch.float64).reshape(-1, 1)
     u, v = init(alphas, x.shape[1], gen, kind)
     active = torch.ones(m, dtype=torch.bool)
     steps = torch.zeros(m, dtype=torch.long)
@@ -149,17 +153,25 @@ def main(argv=None):
     """Train, measure, correlate; print the table and optionally write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results to this path")
-    ap.add_argument("--quick", action="store_true", help="12 networks instead of 50")
+    ap.add_argument("--quick", action="store_true", help="12 networks instead of 200")
     ap.add_argument("--nets", type=int, default=None)
     ap.add_argument("--rho", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--alpha", type=float, nargs=2, default=(1e-2, 1.0), metavar=("MIN", "MAX"))
+    ap.add_argument(
+        "--lr",
+        type=float,
+        nargs=2,
+        default=(0.01, 0.01),
+        metavar=("MIN", "MAX"),
+        help="GD step size, log-uniform per network (equal bounds: one step size for all)",
+    )
     ap.add_argument("--init", choices=("gaussian", "zero"), default="gaussian")
     ap.add_argument("--average", action="store_true", help="average-case (20 directions)")
     ap.add_argument("--exact", action="store_true", help="also exact-geodesic measures")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # tiny ops: threads only add synchronization
-    nets = args.nets or (12 if args.quick else 50)
+    nets = args.nets or (12 if args.quick else 200)
     n, d, n_test, sparsity, tol = 40, 100, 2000, 0.9, 1e-5
     t0 = time.time()
 
@@ -169,7 +181,12 @@ def main(argv=None):
         math.log(args.alpha[0]), math.log(args.alpha[1]), generator=gen
     )
     alphas = log_alpha.exp()
-    u, v, steps = train(x, y, alphas, gen, lr=0.01, tol=tol, max_steps=400_000, kind=args.init)
+    lrs = (
+        torch.empty(nets, dtype=torch.float64)
+        .uniform_(math.log(args.lr[0]), math.log(args.lr[1]), generator=gen)
+        .exp()
+    )
+    u, v, steps = train(x, y, alphas, gen, lr=lrs, tol=tol, max_steps=400_000, kind=args.init)
     w = u * v
     train_loss = ((w @ x.T - y) ** 2).mean(1)
     test_loss = ((w @ x_test.T - y_test) ** 2).mean(1)
@@ -182,6 +199,7 @@ def main(argv=None):
         model = Diagonal(u[i], v[i])
         row = {
             "alpha": float(alphas[i]),
+            "lr": float(lrs[i]),
             "steps": int(steps[i]),
             "train_loss": float(train_loss[i]),
             "test_loss": float(test_loss[i]),
@@ -215,7 +233,8 @@ def main(argv=None):
     print(spec)
     print(
         f"\n{nets} diagonal nets, n={n}, d={d}, {int(sparsity * 100)}%-sparse w*, "
-        f"alpha log-uniform in [{args.alpha[0]:g}, {args.alpha[1]:g}], rho={args.rho}, "
+        f"alpha log-uniform in [{args.alpha[0]:g}, {args.alpha[1]:g}], "
+        f"lr log-uniform in [{args.lr[0]:g}, {args.lr[1]:g}], rho={args.rho}, "
         + ("average-case" if args.average else "worst-case")
         + f", {args.init} init"
     )
@@ -240,6 +259,7 @@ def main(argv=None):
                 "rho": args.rho,
                 "seed": args.seed,
                 "alpha": list(args.alpha),
+                "lr": list(args.lr),
                 "average": args.average,
                 "init": args.init,
             },
