@@ -53,12 +53,12 @@ EXACT = {"geodesic-inv (exact)": "invariant", "geodesic-mix (exact)": "mixed"}
 class ExactDiagonal(Geodesic):
     """Geodesic sharpness with the closed-form geodesics of ``1 x 1`` GL(1) blocks."""
 
-    def move(self, block, xi):
+    def move(self, block, xi, s=0):
         """``(u, v) (f(b) - 1)`` with ``f = exp`` (invariant) or ``sqrt(1 + 2b)`` (mixed)."""
         if block.G.shape[-2:] != (1, 1) or block.H.shape[-2:] != (1, 1):
             raise ValueError("exact geodesics need 1 x 1 blocks (a diagonal network)")
         b = 0.5 * (xi.G / block.G + xi.H / block.H)  # horizontal: xi = b (u, v)
-        if self.metric == "invariant":
+        if self.metrics[s] == "invariant":
             f = torch.exp(b)
         else:
             f = (1 + 2 * b).clamp_min(1e-30).sqrt()
