@@ -152,11 +152,8 @@ def mnist1d_tokens(
     cuts = torch.quantile(train.flatten().double(), torch.linspace(0, 1, levels + 1)[1:-1].double())
     x_train = torch.bucketize(train.double(), cuts)
     x_test = torch.bucketize(test.double(), cuts)
-    if mask is None:
-        return wdata.Dataset(x_train, signals.y_train, x_test, signals.y_test, "mnist1d-tokens")
-    gen = torch.Generator().manual_seed(mask_seed)
-    masked = [_masked(x, float(mask), levels, gen) for x in (x_train, x_test)]
-    return wdata.Dataset(*masked[0], *masked[1], name="mnist1d-tokens")
+    split = (x_train, signals.y_train, x_test, signals.y_test)
+    return _token_dataset(split, mask, mask_seed, levels, "mnist1d-tokens")
 
 
 def markov_language(
@@ -203,12 +200,17 @@ def markov_tokens(
     cut = num_samples * 4 // 5
     keep = cut if n_train is None else min(int(n_train), cut)
     x, y = torch.from_numpy(tokens), torch.from_numpy(labels.astype(np.int64))
-    x_train, y_train, x_test, y_test = x[:keep], y[:keep], x[cut:], y[cut:]
+    split = (x[:keep], y[:keep], x[cut:], y[cut:])
+    return _token_dataset(split, mask, mask_seed, vocab, "markov-tokens")
+
+
+def _token_dataset(split, mask: float | None, mask_seed: int, token: int, name: str):
+    """``(x_train, y_train, x_test, y_test)`` as a dataset, masked-token with ``mask``."""
     if mask is None:
-        return wdata.Dataset(x_train, y_train, x_test, y_test, "markov-tokens")
+        return wdata.Dataset(*split, name=name)
     gen = torch.Generator().manual_seed(mask_seed)
-    masked = [_masked(x, float(mask), vocab, gen) for x in (x_train, x_test)]
-    return wdata.Dataset(*masked[0], *masked[1], name="markov-tokens")
+    train, test = (_masked(x, float(mask), token, gen) for x in (split[0], split[2]))
+    return wdata.Dataset(*train, *test, name=name)
 
 
 def _masked(tokens: torch.Tensor, fraction: float, token: int, gen: torch.Generator):
