@@ -242,7 +242,13 @@ def main(argv=None):
         f"train loss max {train_loss.max():.2e} (tol {tol:.0e}); steps "
         f"{int(steps.min())}..{int(steps.max())}; gap {gap.min():.3g}..{gap.max():.3g}"
     )
-    print(f"time: training {t_train:.1f}s, total {t_total:.1f}s\n")
+    print(f"time: training {t_train:.1f}s, total {t_total:.1f}s")
+    sources = {"alpha": alphas.tolist(), "lr": lrs.tolist()}
+    print(
+        "tau(gap, source): "
+        + ", ".join(f"{k} {kendalltau(gap.tolist(), v).statistic:+.3f}" for k, v in sources.items())
+        + "\n"
+    )
     print(f"{'measure':<22}{'tau(gap, S)':>12}{'p':>10}{'paper':>8}{'max S':>10}")
     for measure, t in taus.items():
         paper = f"{t['paper']:.2f}" if t["paper"] is not None else "-"
