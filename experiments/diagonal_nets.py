@@ -4,7 +4,9 @@ Random Gaussian ``X`` (``n < d``), a 90%-sparse ground truth ``w*`` and targets
 ``X w*``. Diagonal networks ``y = x^T (u * v)`` are trained by full-batch gradient
 descent on the MSE to training loss ``<= 1e-5`` from random initializations
 ``u0 = alpha * z_u``, ``v0 = alpha * z_v`` (``z`` standard Gaussian, a fresh draw
-per network) with the scale ``alpha`` log-uniform: a small ``alpha``
+per network; ``--init zero``: the zero-predictor ``u = 2 alpha, v = 0``) with the
+scale ``alpha`` log-uniform, and optionally the step size log-uniform per
+network (``--lr MIN MAX``): a small ``alpha``
 biases gradient descent towards sparse (L1-like) solutions, a large one towards
 L2-like ones, so the networks generalize differently while all interpolating.
 The generalization gap is the test loss on fresh Gaussian inputs minus the
@@ -23,10 +25,14 @@ ball ``2 sum b_i^2 w_i^2 <= rho^2`` allows ``b_i ~ rho / |w_i|``, huge on the
 near-zero coordinates of a sparse solution, where the truncated step
 ``w (1 + b - b^2/2)^2`` grows like ``b^4 w`` (values up to 1e28 at rho 0.05)
 while the exact one, ``w (1 + 2b)``, stays within ``sqrt(2) rho``. The printed
-maxima show it.
+maxima show it. The exact mixed ball is the Euclidean ball ``||dw|| <= sqrt(2) rho``
+in predictor space (less ``b >= -1/2``), and the loss is quadratic in ``w``: at an
+interpolating solution every network's exact geodesic-mix sharpness is at most
+``2 rho^2 lambda_max(X^T X / n)``, nearly the same for all of them.
 
-Run (a few minutes on CPU; ``--quick`` trains fewer networks)::
+Run (about a minute for 200 networks; ``--quick`` trains 12)::
 
+    .venv/bin/python experiments/diagonal_nets.py --exact --init zero --lr 0.003 0.03
     .venv/bin/python experiments/diagonal_nets.py [--json PATH] [--quick] [--exact] [--average]
 """
 
