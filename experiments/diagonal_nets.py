@@ -4,7 +4,9 @@ Random Gaussian ``X`` (``n < d``), a 90%-sparse ground truth ``w*`` and targets
 ``X w*``. Diagonal networks ``y = x^T (u * v)`` are trained by full-batch gradient
 descent on the MSE to training loss ``<= 1e-5`` from random initializations
 ``u0 = alpha * z_u``, ``v0 = alpha * z_v`` (``z`` standard Gaussian, a fresh draw
-per network) with the scale ``alpha`` log-uniform: a small ``alpha``
+per network; ``--init zero``: the zero-predictor ``u = 2 alpha, v = 0``) with the
+scale ``alpha`` log-uniform, and optionally the step size log-uniform per
+network (``--lr MIN MAX``): a small ``alpha``
 biases gradient descent towards sparse (L1-like) solutions, a large one towards
 L2-like ones, so the networks generalize differently while all interpolating.
 The generalization gap is the test loss on fresh Gaussian inputs minus the
@@ -23,10 +25,14 @@ ball ``2 sum b_i^2 w_i^2 <= rho^2`` allows ``b_i ~ rho / |w_i|``, huge on the
 near-zero coordinates of a sparse solution, where the truncated step
 ``w (1 + b - b^2/2)^2`` grows like ``b^4 w`` (values up to 1e28 at rho 0.05)
 while the exact one, ``w (1 + 2b)``, stays within ``sqrt(2) rho``. The printed
-maxima show it.
+maxima show it. The exact mixed ball is the Euclidean ball ``||dw|| <= sqrt(2) rho``
+in predictor space (less ``b >= -1/2``), and the loss is quadratic in ``w``: at an
+interpolating solution every network's exact geodesic-mix sharpness is at most
+``2 rho^2 lambda_max(X^T X / n)``, nearly the same for all of them.
 
-Run (a few minutes on CPU; ``--quick`` trains fewer networks)::
+Run (about a minute for 200 networks; ``--quick`` trains 12)::
 
+    .venv/bin/python experiments/diagonal_nets.py --exact --init zero --lr 0.003 0.03
     .venv/bin/python experiments/diagonal_nets.py [--json PATH] [--quick] [--exact] [--average]
 """
 
@@ -53,12 +59,12 @@ EXACT = {"geodesic-inv (exact)": "invariant", "geodesic-mix (exact)": "mixed"}
 class ExactDiagonal(Geodesic):
     """Geodesic sharpness with the closed-form geodesics of ``1 x 1`` GL(1) blocks."""
 
-    def move(self, block, xi):
+    def move(self, block, xi, s=0):
         """``(u, v) (f(b) - 1)`` with ``f = exp`` (invariant) or ``sqrt(1 + 2b)`` (mixed)."""
         if block.G.shape[-2:] != (1, 1) or block.H.shape[-2:] != (1, 1):
             raise ValueError("exact geodesics need 1 x 1 blocks (a diagonal network)")
         b = 0.5 * (xi.G / block.G + xi.H / block.H)  # horizontal: xi = b (u, v)
-        if self.metric == "invariant":
+        if self.metrics[s] == "invariant":
             f = torch.exp(b)
         else:
             f = (1 + 2 * b).clamp_min(1e-30).sqrt()
@@ -126,9 +132,13 @@ def init(alphas, d: int, gen, kind: str):
     return u, v
 
 
-def train(x, y, alphas, gen, lr: float, tol: float, max_steps: int, kind: str = "gaussian"):
-    """Full-batch GD of all networks at once (one row each); a network stops at ``tol``."""
+def train(x, y, alphas, gen, lr, tol: float, max_steps: int, kind: str = "gaussian"):
+    """Full-batch GD of all networks at once (one row each); a network stops at ``tol``.
+
+    ``lr``: one step size for all networks, or one per network (a tensor ``(m,)``).
+    """
     m = len(alphas)
+    lr = torch.as_tensor(lr, dtype=torch.float64).reshape(-1, 1)
     u, v = init(alphas, x.shape[1], gen, kind)
     active = torch.ones(m, dtype=torch.bool)
     steps = torch.zeros(m, dtype=torch.long)
@@ -149,17 +159,25 @@ def main(argv=None):
     """Train, measure, correlate; print the table and optionally write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results to this path")
-    ap.add_argument("--quick", action="store_true", help="12 networks instead of 50")
+    ap.add_argument("--quick", action="store_true", help="12 networks instead of 200")
     ap.add_argument("--nets", type=int, default=None)
     ap.add_argument("--rho", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--alpha", type=float, nargs=2, default=(1e-2, 1.0), metavar=("MIN", "MAX"))
+    ap.add_argument(
+        "--lr",
+        type=float,
+        nargs=2,
+        default=(0.01, 0.01),
+        metavar=("MIN", "MAX"),
+        help="GD step size, log-uniform per network (equal bounds: one step size for all)",
+    )
     ap.add_argument("--init", choices=("gaussian", "zero"), default="gaussian")
     ap.add_argument("--average", action="store_true", help="average-case (20 directions)")
     ap.add_argument("--exact", action="store_true", help="also exact-geodesic measures")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # tiny ops: threads only add synchronization
-    nets = args.nets or (12 if args.quick else 50)
+    nets = args.nets or (12 if args.quick else 200)
     n, d, n_test, sparsity, tol = 40, 100, 2000, 0.9, 1e-5
     t0 = time.time()
 
@@ -169,7 +187,12 @@ def main(argv=None):
         math.log(args.alpha[0]), math.log(args.alpha[1]), generator=gen
     )
     alphas = log_alpha.exp()
-    u, v, steps = train(x, y, alphas, gen, lr=0.01, tol=tol, max_steps=400_000, kind=args.init)
+    lrs = (
+        torch.empty(nets, dtype=torch.float64)
+        .uniform_(math.log(args.lr[0]), math.log(args.lr[1]), generator=gen)
+        .exp()
+    )
+    u, v, steps = train(x, y, alphas, gen, lr=lrs, tol=tol, max_steps=400_000, kind=args.init)
     w = u * v
     train_loss = ((w @ x.T - y) ** 2).mean(1)
     test_loss = ((w @ x_test.T - y_test) ** 2).mean(1)
@@ -182,6 +205,7 @@ def main(argv=None):
         model = Diagonal(u[i], v[i])
         row = {
             "alpha": float(alphas[i]),
+            "lr": float(lrs[i]),
             "steps": int(steps[i]),
             "train_loss": float(train_loss[i]),
             "test_loss": float(test_loss[i]),
@@ -215,7 +239,8 @@ def main(argv=None):
     print(spec)
     print(
         f"\n{nets} diagonal nets, n={n}, d={d}, {int(sparsity * 100)}%-sparse w*, "
-        f"alpha log-uniform in [{args.alpha[0]:g}, {args.alpha[1]:g}], rho={args.rho}, "
+        f"alpha log-uniform in [{args.alpha[0]:g}, {args.alpha[1]:g}], "
+        f"lr log-uniform in [{args.lr[0]:g}, {args.lr[1]:g}], rho={args.rho}, "
         + ("average-case" if args.average else "worst-case")
         + f", {args.init} init"
     )
@@ -223,7 +248,13 @@ def main(argv=None):
         f"train loss max {train_loss.max():.2e} (tol {tol:.0e}); steps "
         f"{int(steps.min())}..{int(steps.max())}; gap {gap.min():.3g}..{gap.max():.3g}"
     )
-    print(f"time: training {t_train:.1f}s, total {t_total:.1f}s\n")
+    print(f"time: training {t_train:.1f}s, total {t_total:.1f}s")
+    sources = {"alpha": alphas.tolist(), "lr": lrs.tolist()}
+    print(
+        "tau(gap, source): "
+        + ", ".join(f"{k} {kendalltau(gap.tolist(), v).statistic:+.3f}" for k, v in sources.items())
+        + "\n"
+    )
     print(f"{'measure':<22}{'tau(gap, S)':>12}{'p':>10}{'paper':>8}{'max S':>10}")
     for measure, t in taus.items():
         paper = f"{t['paper']:.2f}" if t["paper"] is not None else "-"
@@ -240,6 +271,7 @@ def main(argv=None):
                 "rho": args.rho,
                 "seed": args.seed,
                 "alpha": list(args.alpha),
+                "lr": list(args.lr),
                 "average": args.average,
                 "init": args.init,
             },

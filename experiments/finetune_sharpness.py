@@ -21,7 +21,11 @@ Protocol, fixed before any tau was computed:
   rate (Andriushchenko et al. 2023);
 * scramble: every member moved by ``spec.sample(seed=member, scale=(1e-2, 1e2))``
   (float64; the largest change of any logit is printed), measured again with the
-  same radii; tau before and after, side by side.
+  same radii; tau before and after, side by side; then, per invariant measure,
+  how many members' values moved by more than 1e-6 relative and the members that
+  moved most, with the conditioning of their GL blocks (``sigma_min / sigma_max``
+  of the worst block of the member, before the scramble) and whether the move
+  changed the member's rank.
 
 Paper (Figs. 4-5; adaptive / geodesic-inv / geodesic-mix): ViT -0.41 / -0.71 / -0.70,
 BERT 0.06 / 0.28 / 0.38.
@@ -35,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import time
 import warnings
 
@@ -42,7 +48,9 @@ import torch
 
 import wsym
 import wsym.zoo
+from wsym.sharpness.blocks import gather
 from wsym.sharpness.correlation import (
+    RADIUS_MEASURES,
     calibrate,
     kendall,
     measure_zoo,
@@ -87,6 +95,61 @@ def tables(rows, measures, boot) -> str:
     return "\n".join(lines)
 
 
+#: Measures that are functions of the function: a scramble must not move them.
+INVARIANT = ("geodesic-inv", "geodesic-mix")
+
+
+def conditioning(spec, model) -> tuple[float, str]:
+    """The smallest ``sigma_min / sigma_max`` over the GL blocks of ``model``, and where.
+
+    Each block ``(G, H)`` of :func:`wsym.sharpness.blocks.gather` (batched over
+    heads) contributes both factors; the location names the group (its notation
+    and first parameter), the copy (head) and the factor.
+    """
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    worst, where = math.inf, ""
+    for group, pair in gather(spec, params):
+        for side, mat in zip("GH", pair, strict=True):
+            sv = torch.linalg.svdvals(mat.reshape(-1, *mat.shape[-2:]))
+            ratio = sv[..., -1] / sv[..., 0].clamp_min(1e-300)
+            head = int(ratio.argmin())
+            if float(ratio[head]) < worst:
+                g = spec.groups[group]
+                where = f"{g.notation} {g.params[0]} copy {head} {side}"
+                worst = float(ratio[head])
+    return worst, where
+
+
+def _rank(values, i) -> int:
+    return sum(v < values[i] for v in values)
+
+
+def scramble_movers(rows, measures, top: int = 6) -> str:
+    """Per invariant measure: how many members the scramble moved, and the worst ones."""
+    lines = []
+    for m in (m for m in INVARIANT if m in measures):
+        before = [r[m] for r in rows]
+        after = [r[f"{m} scrambled"] for r in rows]
+        rel = [abs(a - b) / max(abs(b), 1e-300) for a, b in zip(after, before, strict=True)]
+        moved = sorted(range(len(rows)), key=lambda i: -rel[i])
+        count = sum(r > 1e-6 for r in rel)
+        lines += [
+            f"\n{m}: {count} of {len(rows)} members move by > 1e-6 relative "
+            f"(median {statistics.median(rel):.1e}); the largest:",
+            "| member | before | after | relative change | rank before → after | worst GL block "
+            "σ_min/σ_max (where) | lr | optimizer |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for i in moved[:top]:
+            r = rows[i]
+            lines.append(
+                f"| {r['id']} | {before[i]:.6g} | {after[i]:.6g} | {rel[i]:.1e} | "
+                f"{_rank(before, i)} → {_rank(after, i)} | {r['cond']:.1e} ({r['cond_at']}) "
+                f"| {r['lr']:.1e} | {r['optimizer']} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None):
     """Calibrate, measure, correlate; print the tables and times; optionally write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,6 +161,13 @@ def main(argv=None):
     ap.add_argument("--target", type=float, default=0.1, help="median sharpness of rho (nats)")
     ap.add_argument("--boot", type=int, default=1000, help="bootstrap resamples")
     ap.add_argument("--no-scramble", action="store_true")
+    ap.add_argument(
+        "--measures",
+        nargs="+",
+        default=list(RADIUS_MEASURES),
+        choices=RADIUS_MEASURES,
+        help="worst-case measures to calibrate and measure (default: all four)",
+    )
     ap.add_argument("--json", help="write rows, radii and config to this path")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -113,13 +183,18 @@ def main(argv=None):
         f"{accs[0]:.3f}/{accs[len(accs) // 2]:.3f}/{accs[-1]:.3f}; spec {spec.kinds()}"
     )
     calibration = [zoo_member(zoo, i) for i in zoo.split("val")]
-    rhos = calibrate(calibration, batches, spec, target=args.target, steps=args.steps)
+    rhos = calibrate(calibration, batches, spec, args.measures, args.target, steps=args.steps)
     print(f"radii (median over {len(calibration)} val members = {args.target} nats): {rhos}")
     start = time.process_time()
     rows = measure_zoo(zoo, ids, batches, spec, rhos, args.steps, args.probes, not args.no_scramble)
     measured = time.process_time() - start
     measures = [*rhos, *(["hessian-trace"] if args.probes else [])]
+    for row in rows:
+        row["cond"], row["cond_at"] = conditioning(spec, zoo_member(zoo, row["id"]))
+        row["optimizer"] = zoo.row(row["id"])["optimizer"]
     print("\n" + tables(rows, measures, args.boot))
+    if not args.no_scramble:
+        print(scramble_movers(rows, measures))
     print(
         f"\nmeasuring {len(ids)} members: {measured:.0f} s CPU; total "
         f"{time.process_time() - cpu:.0f} s CPU, {time.perf_counter() - wall:.0f} s wall"

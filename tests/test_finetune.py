@@ -14,7 +14,7 @@ from wsym.sharpness.correlation import calibrate_rho, kendall, partial_kendall, 
 from wsym.zoo import finetune
 from wsym.zoo.presets import load_preset
 from wsym.zoo.streams import example_loss
-from wsym.zoo.tasks import IGNORE, load_task
+from wsym.zoo.tasks import IGNORE, load_task, markov_language
 
 
 def toy(preset: str, samples: int, n_train: int, pretrain_steps: int, hyperparameters: dict):
@@ -169,3 +169,26 @@ def test_bert_preset_pretrains_by_masked_tokens(tmp_path):
     upstream = zoo.manifest["pretrained"]
     assert 0 <= upstream["test_acc"] <= 1 and upstream["steps"] == 10
     assert zoo.model(0).pool == "mean" and zoo.state_dict(0)["head.weight"].shape == (5, 16)
+
+
+def test_markov_tokens_follow_their_topic_chains():
+    options = {"vocab": 4, "length": 12, "topics": 3, "beta": 0.7, "concentration": 0.5}
+    data = load_task({"name": "markov-tokens", "num_samples": 6000, "seed": 2, **options})
+    chains = torch.from_numpy(markov_language(4, 3, 0.7, 0.5, seed=0))
+    assert data.x_train.shape == (4800, 12) and data.x_test.shape == (1200, 12)
+    for k in range(3):
+        seqs = data.x_train[data.y_train == k]
+        counts = torch.zeros(4, 4, dtype=torch.float64)
+        pairs = (seqs[:, :-1].flatten(), seqs[:, 1:].flatten())
+        counts.index_put_(pairs, torch.tensor(1.0, dtype=counts.dtype), accumulate=True)
+        freq = counts / counts.sum(1, keepdim=True)
+        assert torch.allclose(freq, chains[k], atol=0.03)
+    # the label is the topic: the chains' likelihood recovers it far above chance
+    logp = chains.log()[:, data.x_test[:, :-1], data.x_test[:, 1:]].sum(-1)
+    assert float((logp.argmax(0) == data.y_test).double().mean()) > 0.7
+    noisy = load_task({"name": "markov-tokens", "num_samples": 6000, "seed": 2, "noise": 1.0})
+    assert abs(float(noisy.x_train.double().mean()) - 7.5) < 0.1  # uniform over 16 tokens
+    masked = load_task({"name": "markov-tokens", "num_samples": 100, "mask": 0.25, **options})
+    assert int(masked.x_train.max()) == 4 and bool(((masked.y_train != IGNORE).sum(1) == 3).all())
+    with pytest.raises(WsymInputError, match="label_map"):
+        load_task({"name": "markov-tokens", "num_samples": 100, "label_map": [0, 1]})

@@ -1,4 +1,4 @@
-"""Datasets of zoo presets: :mod:`wsym.io.datasets`'s offline sets and a sparse regression.
+r"""Datasets of zoo presets: :mod:`wsym.io.datasets`'s offline sets and a sparse regression.
 
 ``{"name": "mnist1d" | "mnist1d-seq" | "digits", "seed": s}`` loads
 :func:`wsym.io.datasets.load`. ``{"name": "sparse-regression", ...}`` draws the task of
@@ -24,6 +24,23 @@ fraction of each sequence's positions (at least one, drawn with ``mask_seed``)
 becomes the mask token ``levels``; targets are ``(N, T)`` original tokens there
 and :data:`IGNORE` elsewhere. Vocabulary: ``levels + 1``.
 
+``{"name": "markov-tokens", ...}`` is a synthetic language with hidden topics:
+``topics`` Markov chains over ``vocab`` tokens, drawn once from ``language_seed``,
+row ``i`` of topic ``k``'s transition matrix
+
+.. math::
+    P_k[i] = (1 - \beta)\, B[i] + \beta\, D_k[i], \qquad
+    B[i], D_k[i] \sim \mathrm{Dirichlet}(c \mathbf{1}),
+
+a shared part ``B`` and a topic's own part ``D_k`` (``beta``, ``concentration``
+``c``). A sequence draws its topic uniformly, a uniform first token, then
+``length - 1`` transitions; ``noise`` replaces each token by a uniform one with
+that probability (a shifted distribution). The label is the topic (``label_map``
+applies); ``mask`` and ``mask_seed`` make it a masked-token task as above (mask
+token ``vocab``, vocabulary ``vocab + 1``). Predicting a masked token well needs
+the topic, which the context reveals only statistically: what masked-token
+pretraining learns is what the downstream topic classification needs.
+
 Example:
     >>> data = load_task({"name": "sparse-regression", "n_train": 8, "n_test": 4, "d": 6,
     ...                   "nonzero": 2, "noise": 0.0, "seed": 0})
@@ -35,12 +52,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from wsym.errors import WsymInputError
 from wsym.io import datasets as wdata
 
-NAMES = (*wdata.NAMES, "sparse-regression", "mnist1d-patches", "mnist1d-tokens")
+NAMES = (
+    *wdata.NAMES,
+    "sparse-regression",
+    "mnist1d-patches",
+    "mnist1d-tokens",
+    "markov-tokens",
+)
 #: Target of positions a token-level loss ignores (``F.cross_entropy``'s default).
 IGNORE = -100
 
@@ -57,6 +81,8 @@ def load_task(config: dict[str, Any]) -> wdata.Dataset:
         return mnist1d_patches(**options)
     if name == "mnist1d-tokens":
         return mnist1d_tokens(**options)
+    if name == "markov-tokens":
+        return markov_tokens(**options)
     raise WsymInputError(f"unknown zoo dataset {name!r}; use one of {', '.join(NAMES)}")
 
 
@@ -126,11 +152,65 @@ def mnist1d_tokens(
     cuts = torch.quantile(train.flatten().double(), torch.linspace(0, 1, levels + 1)[1:-1].double())
     x_train = torch.bucketize(train.double(), cuts)
     x_test = torch.bucketize(test.double(), cuts)
+    split = (x_train, signals.y_train, x_test, signals.y_test)
+    return _token_dataset(split, mask, mask_seed, levels, "mnist1d-tokens")
+
+
+def markov_language(
+    vocab: int, topics: int, beta: float, concentration: float, seed: int
+) -> np.ndarray:
+    """The transition matrices ``(topics, vocab, vocab)`` of the topic chains (module docstring)."""
+    if not 0.0 <= beta <= 1.0 or concentration <= 0:
+        raise WsymInputError("markov-tokens: beta must lie in [0, 1] and concentration be > 0")
+    rng = np.random.default_rng(seed)
+    shared = rng.dirichlet(np.full(vocab, concentration), size=vocab)
+    own = rng.dirichlet(np.full(vocab, concentration), size=(topics, vocab))
+    return (1 - beta) * shared + beta * own
+
+
+def markov_tokens(
+    seed: int = 0,
+    num_samples: int = 5000,
+    vocab: int = 16,
+    length: int = 20,
+    topics: int = 10,
+    beta: float = 0.5,
+    concentration: float = 0.2,
+    language_seed: int = 0,
+    noise: float = 0.0,
+    n_train: int | None = None,
+    label_map: list[int] | None = None,
+    mask: float | None = None,
+    mask_seed: int = 0,
+) -> wdata.Dataset:
+    """Token sequences of hidden-topic Markov chains (see the module docstring)."""
+    if label_map is not None and len(label_map) != topics:
+        raise WsymInputError(f"markov-tokens: label_map needs one class per topic ({topics})")
+    chains = markov_language(vocab, topics, beta, concentration, language_seed).cumsum(-1)
+    rng = np.random.default_rng(seed)
+    topic = rng.integers(0, topics, num_samples)
+    tokens = np.empty((num_samples, length), dtype=np.int64)
+    tokens[:, 0] = rng.integers(0, vocab, num_samples)
+    for t in range(1, length):
+        u = rng.random((num_samples, 1))
+        tokens[:, t] = np.minimum((u > chains[topic, tokens[:, t - 1]]).sum(-1), vocab - 1)
+    flip = rng.random(tokens.shape) < noise
+    tokens = np.where(flip, rng.integers(0, vocab, tokens.shape), tokens)
+    labels = np.asarray(label_map if label_map is not None else range(topics))[topic]
+    cut = num_samples * 4 // 5
+    keep = cut if n_train is None else min(int(n_train), cut)
+    x, y = torch.from_numpy(tokens), torch.from_numpy(labels.astype(np.int64))
+    split = (x[:keep], y[:keep], x[cut:], y[cut:])
+    return _token_dataset(split, mask, mask_seed, vocab, "markov-tokens")
+
+
+def _token_dataset(split, mask: float | None, mask_seed: int, token: int, name: str):
+    """``(x_train, y_train, x_test, y_test)`` as a dataset, masked-token with ``mask``."""
     if mask is None:
-        return wdata.Dataset(x_train, signals.y_train, x_test, signals.y_test, "mnist1d-tokens")
+        return wdata.Dataset(*split, name=name)
     gen = torch.Generator().manual_seed(mask_seed)
-    masked = [_masked(x, float(mask), levels, gen) for x in (x_train, x_test)]
-    return wdata.Dataset(*masked[0], *masked[1], name="mnist1d-tokens")
+    train, test = (_masked(x, float(mask), token, gen) for x in (split[0], split[2]))
+    return wdata.Dataset(*train, *test, name=name)
 
 
 def _masked(tokens: torch.Tensor, fraction: float, token: int, gen: torch.Generator):
