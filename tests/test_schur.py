@@ -55,15 +55,18 @@ def test_schur_equals_conjugate_gradients(name, metric):
 
 def test_an_inexact_schur_complement_is_refined_not_trusted():
     """Negative control: a perturbed factor (as round-off on near-singular blocks makes
-    it) costs iterations, not accuracy; the exact one needs at most one."""
+    it) fails the probe and costs iterations, not accuracy; the exact one passes it and
+    is used alone."""
     h = _horizontal("gpt2", "mixed")
     b = _rhs(h, 1)
     h.solve(b)
-    exact_iterations = h.iterations
+    assert h.trusted and h.iterations == 0
     block, factor = h._schur.groups[0]
     h._schur.groups[0] = (block, factor * 1.01)
+    h.trusted = h.probe_schur()
+    assert not h.trusted
     x = h.solve(b)
-    assert h.iterations > exact_iterations
+    assert h.iterations > 1
     residual = [u - v for u, v in zip(h.gram(x), b, strict=True)]
     assert _norm(residual) <= 1e-9 * _norm(b)
 

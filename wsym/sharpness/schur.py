@@ -50,12 +50,52 @@ SHIFT = 1e-13
 class Schur:
     """Cholesky factors of the Schur complement, one batch per component size.
 
+    Also the two coupling products of the elimination in closed form (a unit scales
+    whole block rows, ``D`` on the rows of ``G``, ``D'`` on those of ``H``; ``M_G``,
+    ``M_H`` the metric's right factors on ``G`` and ``H``, ``Q`` and ``P`` for the mixed
+    metric, ``P^-1`` and ``Q^-1`` for the invariant one):
+
+    * :meth:`units_of`, the units' part of ``J^T M J Omega``: per row ``r`` of ``G``,
+      ``d_r <g_r, (G Omega M_G)_r>``, and of ``H``, ``-d'_r <h_r, (H Omega^T M_H)_r>``;
+    * :meth:`blocks_of`, ``B^T a``: ``(G^T D G) M_G - M_H (H^T D' H)``.
+
+    One product with each factor per block instead of the two of applying ``J``, ``M``
+    and ``J^T`` in turn (and no gather over the units' entries).
+
     Attributes:
         groups: per component size ``k``, the units ``(C, k)`` and factors ``(C, k, k)``.
+        rows: per coupled stack, its rows' units and exponents ``(K, blocks, n + m)``
+            and the metric factors ``(M_G, M_H)``.
     """
 
-    def __init__(self, groups: list[tuple[Tensor, Tensor]]):
-        self.groups = groups
+    def __init__(self, groups: list[tuple[Tensor, Tensor]], rows: dict | None = None):
+        self.groups, self.rows = groups, rows or {}
+
+    def units_of(self, stacks, omegas, n_units: int) -> Tensor:
+        """The units' part of ``J^T M J Omega`` for block coefficients ``omegas`` (per stack)."""
+        out = torch.zeros(n_units + 1, dtype=torch.float64)
+        for s, (ru, re, (MG, MH)) in self.rows.items():
+            if omegas[s] is None:
+                continue
+            G, H = stacks[s]
+            W = omegas[s]
+            rG = (G * (G @ (W @ MG))).sum(-1)
+            rH = -(H * (H @ (W.mT @ MH))).sum(-1)
+            r = torch.cat([rG, rH], -1).reshape(ru.shape[1:])
+            out.index_add_(0, ru.reshape(-1), (re * r).reshape(-1))
+        return out[:n_units]
+
+    def blocks_of(self, stacks, a: Tensor) -> dict[int, Tensor]:
+        """``B^T a``: the block part of ``J^T M J a`` for unit coefficients ``a``, per stack."""
+        ext = torch.cat([a, a.new_zeros(1)])
+        out = {}
+        for s, (ru, re, (MG, MH)) in self.rows.items():
+            G, H = stacks[s]
+            d = (re * ext[ru]).sum(0).reshape(*G.shape[:-2], -1, 1)  # each row's scaling
+            n = G.shape[-2]
+            DG, DH = G.mT @ (d[..., :n, :] * G), H.mT @ (d[..., n:, :] * H)
+            out[s] = DG @ MG - MH @ DH
+        return out
 
     def solve(self, r: Tensor) -> Tensor:
         """``S^{-1} r`` for a vector ``r`` over all units (zero outside the components)."""
@@ -107,7 +147,7 @@ def schur(h, lay) -> Schur | None:
             if h.geom.metrics[s] == "mixed":
                 M = _mixed_term(G[part], H[part], h.geom.eps)
             else:
-                _, _, _, S, Sinv, den = h._blocks[s]
+                S, Sinv, den = h._blocks[s][3:6]
                 flat = [t.reshape(-1, *t.shape[-2:])[part] for t in (S, Sinv, den)]
                 M = _invariant_term(G[part], H[part], h.geom.eps, *flat)
             for a in range(ru.shape[0]):
@@ -115,7 +155,20 @@ def schur(h, lay) -> Schur | None:
                     ua, ub = ru[a, lo : lo + chunk], ru[b, lo : lo + chunk]
                     w = re[a, lo : lo + chunk, :, None] * re[b, lo : lo + chunk, None, :] * M
                     plan.add(ua[:, :, None].expand_as(w), ub[:, None, :].expand_as(w), w)
-    return plan.factor()
+    factor = plan.factor()
+    if factor is not None:
+        factor.rows = {s: (*rowsets[s], _metric_factors(h, s)) for s in coupled}
+    return factor
+
+
+def _metric_factors(h, s: int) -> tuple[Tensor, Tensor]:
+    """The metric's right factors on ``G`` and ``H`` of stack ``s`` (``M xi = xi M_G``)."""
+    G, H = h.stacks[s]
+    P, Q = Gram.of(G, h.geom.eps), Gram.of(H, h.geom.eps)
+    if h.geom.metrics[s] == "mixed":
+        return Q.matrix, P.matrix
+    eye = torch.eye(G.shape[-1], dtype=G.dtype).expand_as(P.matrix)
+    return P.solve(eye), Q.solve(eye)
 
 
 CHUNK = 1 << 22

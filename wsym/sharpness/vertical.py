@@ -111,6 +111,7 @@ class Horizontal:
         self._layout = self._full()
         self._reduced_layout = None
         self._schur = None
+        self.trusted = False  # the Schur solve passed :meth:`probe_schur` at this base point
         self.exact = True  # the Schur complement where it applies, else conjugate gradients
         self._keep_commutes = self._keeps_rows()
         self._drop = None if self.keep is None else (self.keep == 0).nonzero().squeeze(1)
@@ -264,17 +265,25 @@ class Horizontal:
                 S = Qh @ U
                 Sinv = U.mT @ torch.linalg.inv(Qh)
                 den = lam[..., :, None] + lam[..., None, :]
-                self._blocks.append(("lyapunov", Q.matrix, P.matrix, S, Sinv, den))
+                # W = S ((S^-1 Q) R (P S) / den) S^-1: the outer factors multiplied once
+                plan = ("lyapunov", Q.matrix, P.matrix, S, Sinv, den, Sinv @ Q.matrix, P.matrix @ S)
+                self._blocks.append(plan)
             elif sides[0]:  # one side (orthogonal): P W P^-1 = R
                 self._blocks.append(("left", P.matrix, torch.linalg.inv(P.matrix)))
             else:
                 self._blocks.append(("right", Q.matrix, torch.linalg.inv(Q.matrix)))
 
-    def precondition(self, r: Coefficients) -> Coefficients:
-        """Approximate ``(J^T M J)^{-1} r``: exact per block, diagonal for scalings."""
+    def precondition(self, r: Coefficients, stacks: list[bool] | None = None) -> Coefficients:
+        """Approximate ``(J^T M J)^{-1} r``: exact per block, diagonal for scalings.
+
+        ``stacks``: solve only the stacks marked True (the others' coefficients zero).
+        """
         out = [r[0] * self._diag if r[0].numel() else r[0]]
         out.append(r[1] / self._tdiag if r[1].numel() else r[1])
         for s, (plan, R) in enumerate(zip(self._blocks, r[2:], strict=True)):
+            if stacks is not None and not stacks[s]:
+                out.append(torch.zeros_like(R))
+                continue
             kind = plan[0]
             if kind == "mixed":
                 _, P, Q, Pinv, Qinv = plan
@@ -283,8 +292,8 @@ class Horizontal:
                 else:
                     W = 0.5 * mm(mm(Pinv, R), Qinv)
             elif kind == "lyapunov":
-                _, Q, P, S, Sinv, den = plan
-                W = mm(mm(S, mm(mm(Sinv, mm(mm(Q, R), P)), S) / den), Sinv)
+                S, Sinv, den, SQ, PS = plan[3:]
+                W = mm(mm(S, mm(mm(SQ, R), PS) / den), Sinv)
             elif kind == "left":
                 _, P, Pinv = plan
                 W = mm(mm(Pinv, R), P)
@@ -342,7 +351,8 @@ class Horizontal:
         where it applies (one iteration), else by the exact per-group solves.
         """
         units, trans, stacks = self._cg
-        exact = self._restrict(self.precondition(b), ~units, ~trans, [not c for c in stacks])
+        free = [not c for c in stacks]
+        exact = self._restrict(self.precondition(b, free), ~units, ~trans, free)
         self.iterations = 0
         if not (bool(units.any()) or bool(trans.any()) or any(stacks)):
             return exact
@@ -350,7 +360,10 @@ class Horizontal:
         if self._reduced_layout is None:
             self._reduced_layout = self._reduced()
             self._schur = schur(self, self._reduced_layout) if self.exact else None
+            self.trusted = self._schur is not None and self.probe_schur()
         reduced = self._reduced_layout
+        if self.trusted:  # exact to TOL at this base point (probed): no confirming iteration
+            return [u + v for u, v in zip(self._solve_schur(b, keep), exact, strict=True)]
         if self._schur is not None:  # an exact solve, refined by CG where round-off bites
             precondition = lambda r: self._solve_schur(r, keep)  # noqa: E731
         else:
@@ -377,28 +390,55 @@ class Horizontal:
             self.iterations += 1
         return [u + v for u, v in zip(x, exact, strict=True)]
 
+    def probe_schur(self, seed: int = 0) -> bool:
+        """Whether the Schur solve alone meets the CG tolerance at this base point.
+
+        A fixed-seed Gaussian right-hand side ``b = K c`` on the coupled coefficients
+        (``K`` the Gram operator) is solved once; the solve is trusted when its residual
+        is below :data:`TOL` relative, in the preconditioned norm and in the plain one
+        (the stopping rule of the conjugate gradients it then replaces). Forming the
+        complement cancels digits on nearly singular blocks, and the probe fails there.
+        """
+        keep = self._cg
+        gen = torch.Generator().manual_seed(seed)
+        coeffs = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in self._zero()]
+        b = self._restrict(self.gram(self._restrict(coeffs, *keep), self._reduced_layout), *keep)
+        x = self._solve_schur(b, keep)
+        r = [u - v for u, v in zip(b, self._restrict(self.gram(x, self._reduced_layout), *keep),
+                                   strict=True)]  # fmt: skip
+        plain = _dot(r, r) <= TOL * TOL * _dot(b, b)
+        pre = _dot(r, self._solve_schur(r, keep)) <= TOL * TOL * _dot(b, x)
+        return bool(plain and pre)
+
+    def _zero(self) -> Coefficients:
+        """Zero coefficients: one per unit, per translation direction, a matrix per stack."""
+        units = torch.zeros(self.n_units, dtype=torch.float64)
+        trans = torch.zeros(self.D.shape[1], dtype=torch.float64)
+        return [units, trans] + [G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1]))
+                                 for G, _ in self.stacks]  # fmt: skip
+
     def _solve_schur(self, b: Coefficients, keep) -> Coefficients:
         """The coupled system solved exactly through :mod:`wsym.sharpness.schur`.
 
-        Used as the preconditioner of conjugate gradients: exact up to round-off, so
-        one iteration confirms it, and on nearly singular blocks (where forming the
-        complement cancels digits) the iterations recover the accuracy.
+        Exact up to round-off: used alone where :meth:`probe_schur` found it meets the
+        tolerance at this base point, else as the preconditioner of conjugate gradients
+        (on nearly singular blocks, where forming the complement cancels digits, the
+        iterations recover the accuracy).
 
         With ``C`` the blocks' own Gram operator (inverted exactly by
         :meth:`precondition`) and ``B`` the units' coupling to them:
-        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``; ``B`` and ``B^T``
-        are the unit and block parts of Gram products, each computed alone.
+        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``; ``B C^-1 R`` and
+        ``B^T a`` in closed form (:meth:`wsym.sharpness.schur.Schur.units_of`,
+        :meth:`~wsym.sharpness.schur.Schur.blocks_of`).
         """
         units, trans, stacks = keep
-        lay, off = self._reduced_layout, torch.zeros_like(units)
+        off, sc = torch.zeros_like(units), self._schur
         blocks = self._restrict(list(b), off, trans, stacks)
-        w = self._restrict(self.precondition(blocks), off, trans, stacks)
-        moved = self.lower(self.apply([None, None, *w[2:]], lay), lay)
-        a = self._schur.solve((b[0] - self.adjoint(moved, lay, blocks=False)[0]) * units)
-        moved = self.lower(self.apply([a, None, *[None] * len(stacks)], lay), lay)
-        back = self.adjoint(moved, lay, units=False)
-        rest = [u - v for u, v in zip(blocks, back, strict=True)]
-        omega = self._restrict(self.precondition(rest), off, trans, stacks)
+        w = self._restrict(self.precondition(blocks, stacks), off, trans, stacks)
+        a = sc.solve((b[0] - sc.units_of(self.stacks, w[2:], self.n_units)) * units)
+        back = sc.blocks_of(self.stacks, a)
+        rest = blocks[:2] + [R - back[s] if s in back else R for s, R in enumerate(blocks[2:])]
+        omega = self._restrict(self.precondition(rest, stacks), off, trans, stacks)
         return [a, *omega[1:]]
 
     @staticmethod
