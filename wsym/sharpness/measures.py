@@ -306,11 +306,11 @@ def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:
     that the random directions are drawn in canonical coordinates and transform with
     every element, permutations and signs included.
     """
-    if average:
-        from wsym.align.canonicalize import canonical_element
+    from wsym.align.canonicalize import canonical_element
 
+    if average:
         return canonical_element(state, spec)[0]
-    return balanced(spec, state)
+    return canonical_element(balanced(spec, state), spec, kinds={"gl"}, max_sweeps=1)[0]
 
 
 def _move_to(model64: nn.Module, state: dict) -> None:

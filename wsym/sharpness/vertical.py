@@ -404,8 +404,8 @@ class Horizontal:
         coeffs = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in self._zero()]
         b = self._restrict(self.gram(self._restrict(coeffs, *keep), self._reduced_layout), *keep)
         x = self._solve_schur(b, keep)
-        r = [u - v for u, v in zip(b, self._restrict(self.gram(x, self._reduced_layout), *keep),
-                                   strict=True)]  # fmt: skip
+        Kx = self._restrict(self.gram(x, self._reduced_layout), *keep)
+        r = [u - v for u, v in zip(b, Kx, strict=True)]
         plain = _dot(r, r) <= TOL * TOL * _dot(b, b)
         pre = _dot(r, self._solve_schur(r, keep)) <= TOL * TOL * _dot(b, x)
         return bool(plain and pre)
@@ -414,8 +414,8 @@ class Horizontal:
         """Zero coefficients: one per unit, per translation direction, a matrix per stack."""
         units = torch.zeros(self.n_units, dtype=torch.float64)
         trans = torch.zeros(self.D.shape[1], dtype=torch.float64)
-        return [units, trans] + [G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1]))
-                                 for G, _ in self.stacks]  # fmt: skip
+        blocks = [G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])) for G, _ in self.stacks]
+        return [units, trans, *blocks]
 
     def _solve_schur(self, b: Coefficients, keep) -> Coefficients:
         """The coupled system solved exactly through :mod:`wsym.sharpness.schur`.
