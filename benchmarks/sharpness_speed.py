@@ -40,6 +40,7 @@ and the share of the step spent in the horizontal projection's Gram solve
 Run:
     .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10] [--threads 1] [--clock cpu]
     .venv/bin/python benchmarks/sharpness_speed.py --stock --repeats 2 --clock cpu
+    .venv/bin/python benchmarks/sharpness_speed.py --stock --only gpt2 --repeats 5 --clock cpu
 """
 
 import argparse
@@ -191,6 +192,13 @@ def bert(batch=8, tokens=16):
     return model, [(x, y)], lambda out, t: ce(out.pooler_output[:, :10], t)
 
 
+STOCK = {
+    "vit_tiny": ("vit_tiny 8x224", vit_tiny),
+    "resnet18": ("resnet18 32x64", resnet18),
+    "gpt2": ("GPT-2 8x32", gpt2),
+}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
@@ -206,6 +214,9 @@ def main():
     )
     parser.add_argument(
         "--stock", action="store_true", help="timm ViT, torchvision resnet18, GPT-2 (goal 1.3x)"
+    )
+    parser.add_argument(
+        "--only", nargs="*", choices=sorted(STOCK), help="with --stock: these models only"
     )
     args = parser.parse_args()
     if args.clock == "cpu" and args.threads != 1:
@@ -224,11 +235,8 @@ def main():
         f"{'ratio':>7} {'goal':>10} {'solve':>7}"
     )
     if args.stock:
-        for name, build in (
-            ("vit_tiny 8x224", vit_tiny),
-            ("resnet18 32x64", resnet18),
-            ("GPT-2 8x32", gpt2),
-        ):
+        for key in args.only or STOCK:
+            name, build = STOCK[key]
             model, batches, loss = build()
             times = step_times(model, batches, loss, args.repeats, args.clock, few, many)
             report(name, model, *times, goal=1.3)

@@ -208,19 +208,12 @@ class Horizontal:
             vH.sub_(mm(H, omegas[s].mT), alpha=alpha)
         return v
 
-    def adjoint(
-        self, y: Tensor, lay: TangentLayout | None = None, units: bool = True, blocks: bool = True
-    ) -> Coefficients:
-        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``).
-
-        ``units=False`` / ``blocks=False`` leave the scaling / block coefficients zero
-        (uncomputed).
-        """
+    def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:
+        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
         lay = lay or self._layout
-        a = self._unit_sums(lay.val * y[lay.sup], lay.idx) if units else y.new_zeros(self.n_units)
-        out = [a, lay.d_vals.T @ y[lay.d_rows]]
+        out = [self._unit_sums(lay.val * y[lay.sup], lay.idx), lay.d_vals.T @ y[lay.d_rows]]
         for s, (G, H) in enumerate(self.stacks):
-            if lay.views[s] is None or not blocks:
+            if lay.views[s] is None:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
                 continue
             yG, yH = self._views_of(y, lay, s)
