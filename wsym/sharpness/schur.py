@@ -71,18 +71,21 @@ class Schur:
     def __init__(self, groups: list[tuple[Tensor, Tensor]], rows: dict | None = None):
         self.groups, self.rows = groups, rows or {}
 
+    def solve(self, r: Tensor) -> Tensor:
+        """``S^{-1} r`` for a vector ``r`` over all units (zero outside the components)."""
+        out = torch.zeros_like(r)
+        for units, factor in self.groups:
+            out[units] = torch.cholesky_solve(r[units].unsqueeze(-1), factor).squeeze(-1)
+        return out
+
     def units_of(self, stacks, omegas, n_units: int) -> Tensor:
         """The units' part of ``J^T M J Omega`` for block coefficients ``omegas`` (per stack)."""
         out = torch.zeros(n_units + 1, dtype=torch.float64)
         for s, (ru, re, (MG, MH)) in self.rows.items():
-            if omegas[s] is None:
-                continue
             G, H = stacks[s]
             W = omegas[s]
-            rG = (G * (G @ (W @ MG))).sum(-1)
-            rH = -(H * (H @ (W.mT @ MH))).sum(-1)
-            r = torch.cat([rG, rH], -1).reshape(ru.shape[1:])
-            out.index_add_(0, ru.reshape(-1), (re * r).reshape(-1))
+            yG, yH = G @ (W @ MG), -(H @ (W.mT @ MH))
+            add_row_sums(out, ru, re, G, H, yG, yH)
         return out[:n_units]
 
     def blocks_of(self, stacks, a: Tensor) -> dict[int, Tensor]:
@@ -91,18 +94,30 @@ class Schur:
         out = {}
         for s, (ru, re, (MG, MH)) in self.rows.items():
             G, H = stacks[s]
-            d = (re * ext[ru]).sum(0).reshape(*G.shape[:-2], -1, 1)  # each row's scaling
-            n = G.shape[-2]
-            DG, DH = G.mT @ (d[..., :n, :] * G), H.mT @ (d[..., n:, :] * H)
-            out[s] = DG @ MG - MH @ DH
+            dG, dH = row_scalings(ru, re, ext, G)
+            out[s] = (G.mT @ (dG * G)) @ MG - MH @ (H.mT @ (dH * H))
         return out
 
-    def solve(self, r: Tensor) -> Tensor:
-        """``S^{-1} r`` for a vector ``r`` over all units (zero outside the components)."""
-        out = torch.zeros_like(r)
-        for units, factor in self.groups:
-            out[units] = torch.cholesky_solve(r[units].unsqueeze(-1), factor).squeeze(-1)
-        return out
+
+def row_scalings(ru: Tensor, re: Tensor, ext: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    """Each block row's scaling ``d = sum_k re_k a[ru_k]`` for unit coefficients ``ext``.
+
+    ``ru``, ``re`` ``(K, blocks, n + m)``: the rows' units and exponents (``ext`` has a
+    trailing 0 for "no unit"). Returns ``(d_G (..., n, 1), d_H (..., m, 1))``, shaped to
+    broadcast over the rows of a stack whose ``G`` is ``G``.
+    """
+    d = (re * ext[ru]).sum(0).reshape(*G.shape[:-2], -1, 1)
+    return d[..., : G.shape[-2], :], d[..., G.shape[-2] :, :]
+
+
+def add_row_sums(out: Tensor, ru: Tensor, re, G, H, yG: Tensor, yH: Tensor) -> None:
+    """``out[u] += sum_r re_r <row_r of (G, H), row_r of (yG, yH)>`` over the rows of unit u.
+
+    The adjoint of :func:`row_scalings` times the block: ``out`` has ``n_units + 1``
+    entries (the last collects rows of no unit).
+    """
+    r = torch.cat([(G * yG).sum(-1), (H * yH).sum(-1)], -1).reshape(ru.shape[1:])
+    out.index_add_(0, ru.reshape(-1), (re * r).reshape(-1))
 
 
 def schur(h, lay) -> Schur | None:
@@ -123,7 +138,7 @@ def schur(h, lay) -> Schur | None:
     inv = lay.slot_inv[lay.sup[plain]]
     rowsets = {}
     for s in coupled:
-        rowsets[s] = _row_exponents(h, lay, s)
+        rowsets[s] = row_exponents(h, lay, s)
         if rowsets[s] is None:
             return None
     edges = [idx[[0, a]] for a in range(1, idx.shape[0])]
@@ -222,7 +237,7 @@ def _invariant_term(
     return M
 
 
-def _row_exponents(h, lay, s: int) -> tuple[Tensor, Tensor] | None:
+def row_exponents(h, lay, s: int) -> tuple[Tensor, Tensor] | None:
     """Per block row of stack ``s``: its units and exponents ``(K, blocks, n + m)``, or None.
 
     ``h.n_units`` marks no unit. None when an exponent varies along a row (the closed

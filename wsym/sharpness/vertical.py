@@ -45,7 +45,7 @@ from wsym.sharpness import tangent
 from wsym.sharpness.exponents import translation_directions
 from wsym.sharpness.geometry import Gram
 from wsym.sharpness.geometry.block import mm
-from wsym.sharpness.schur import schur
+from wsym.sharpness.schur import add_row_sums, row_exponents, row_scalings, schur
 from wsym.sharpness.structure import TangentLayout, structure
 from wsym.sharpness.tangent import FlatTangent
 
@@ -109,6 +109,7 @@ class Horizontal:
         # translations are few: always with conjugate gradients
         self._cg = (st.cg_units, torch.ones(D.shape[1], dtype=torch.bool), st.cg_stacks)
         self._layout = self._full()
+        self._rowwise = self._row_units(self._layout)
         self._reduced_layout = None
         self._schur = None
         self.trusted = False  # the Schur solve passed :meth:`probe_schur` at this base point
@@ -161,6 +162,31 @@ class Horizontal:
             *_rows_of(self.D[R]),
         )  # fmt: skip
 
+    def _row_units(self, lay: TangentLayout):
+        """The units' gather split into whole block rows (read per row) and the rest, or None.
+
+        A unit that scales whole rows of a block (a LayerNorm gain feeding attention heads)
+        acts there as ``d * G`` per row: no gather over its entries. None where some unit's
+        exponent varies along a block row (the gather stays).
+        """
+        if not self.n_units:
+            return None
+        rows, inside = {}, torch.zeros_like(lay.sup, dtype=torch.bool)
+        for s, views in enumerate(lay.views):
+            if views is None:
+                continue
+            hit = torch.zeros_like(inside)
+            for v in views:
+                hit |= (lay.sup >= v.start) & (lay.sup < v.stop)
+            if not bool(hit.any()):
+                continue
+            rows[s] = row_exponents(self, lay, s)
+            if rows[s] is None:
+                return None
+            inside |= hit
+        rest = ~inside
+        return rows, lay.sup[rest], lay.idx[:, rest], lay.val[:, rest]
+
     # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
     def lower(self, v: Tensor, lay: TangentLayout | None = None) -> Tensor:
         """``M v``: the metric on a flat tangent vector (in layout ``lay``, default all)."""
@@ -197,7 +223,13 @@ class Horizontal:
         v = torch.zeros(lay.n, dtype=torch.float64) if out is None else out
         if a is not None and a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
-            v.index_add_(0, lay.sup, (lay.val * ext[lay.idx]).sum(0), alpha=alpha)
+            rows, sup, idx, val = self._gather_of(lay)
+            v.index_add_(0, sup, (val * ext[idx]).sum(0), alpha=alpha)
+            for s, (ru, re) in rows.items():
+                (vG, vH), (G, H) = self._views_of(v, lay, s), self.stacks[s]
+                dG, dH = row_scalings(ru, re, ext, G)
+                vG.add_(dG * G, alpha=alpha)
+                vH.add_(dH * H, alpha=alpha)
         if t is not None and t.numel():
             v.index_add_(0, lay.d_rows, lay.d_vals @ t, alpha=alpha)
         for s, (G, H) in enumerate(self.stacks):
@@ -211,7 +243,12 @@ class Horizontal:
     def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:
         """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
         lay = lay or self._layout
-        out = [self._unit_sums(lay.val * y[lay.sup], lay.idx), lay.d_vals.T @ y[lay.d_rows]]
+        rows, sup, idx, val = self._gather_of(lay)
+        units = y.new_zeros(self.n_units + 1)
+        units.index_add_(0, idx.reshape(-1), (val * y[sup]).reshape(-1))
+        for s, (ru, re) in rows.items():
+            add_row_sums(units, ru, re, *self.stacks[s], *self._views_of(y, lay, s))
+        out = [units[: self.n_units], lay.d_vals.T @ y[lay.d_rows]]
         for s, (G, H) in enumerate(self.stacks):
             if lay.views[s] is None:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
@@ -220,6 +257,12 @@ class Horizontal:
             om = mm(G.mT, yG) - mm(H.mT, yH).mT
             out.append(_skew(om) if self.skew[s] else om)
         return out
+
+    def _gather_of(self, lay: TangentLayout) -> tuple:
+        """``(rows, sup, idx, val)``: block rows read per row (full layout), the rest gathered."""
+        if lay is self._layout and self._rowwise is not None:
+            return self._rowwise
+        return {}, lay.sup, lay.idx, lay.val
 
     def _unit_sums(self, values: Tensor, idx: Tensor) -> Tensor:
         """Sum ``values`` ``(K, support)`` into their units ``idx`` (adjoint of the gather)."""
