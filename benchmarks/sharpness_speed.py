@@ -33,9 +33,14 @@ less than the wall clock (they still share caches and memory bandwidth).
 Stock models (``--stock``, goal 1.3x): timm ``vit_tiny_patch16_224`` (full depth, batch
 8 of 224x224 images), torchvision ``resnet18`` (batch 32 of 64x64) and a Hugging Face
 GPT-2 small config (4 layers, width 128, 4 heads, batch 8 of 32 tokens), random weights,
-cross-entropy against random classes. Here a step is ``(t(steps=5) - t(steps=1)) / 4``
-and the share of the step spent in the horizontal projection's Gram solve
-(:meth:`wsym.sharpness.vertical.Horizontal.project_flat`) is printed beside the ratio.
+cross-entropy against random classes. Here each ascent step is timed on its own
+(:class:`StepClock`: from the end of one direction to the end of the next), the median
+over the steps of ``--repeats`` interleaved 5-step calls per measure. Whole-call
+differences ``(t(steps=5) - t(steps=1)) / 4`` carry the jitter of each call's setup
+(GPT-2: the geodesic setup takes 0.8-1 s, ten steps' worth, and varies by 0.1-0.2 s under
+load, 0.4x-0.8x of the ratio over 4 steps); they are printed beside ("calls"), with the share of
+a geodesic-mix step spent in the horizontal projection
+(:meth:`wsym.sharpness.vertical.Horizontal.project_flat`) and each measure's value.
 
 Run:
     .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10] [--threads 1] [--clock cpu]
@@ -160,7 +165,7 @@ def ascent_step_times(model, batches, loss, repeats, clock, steps=5):
     tick = CLOCKS[clock]
     names = [m for m in MEASURES for _ in (1, steps)]
     fns = [call(m, n) for m in MEASURES for n in (1, steps)]
-    per_step, shares, whole = {m: [] for m in MEASURES}, [], {}
+    per_step, shares, whole, values = {m: [] for m in MEASURES}, [], {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for fn in fns:  # warm-up
@@ -170,9 +175,10 @@ def ascent_step_times(model, batches, loss, repeats, clock, steps=5):
             for i, (m, fn) in enumerate(zip(names, fns, strict=True)):
                 with ProjectionClock(tick) as solve, StepClock(tick, solve) as steps_clock:
                     start = tick()
-                    fn()
+                    value = fn()
                     calls[i].append(tick() - start)
                 if i % 2:
+                    values[m] = value
                     per_step[m] += steps_clock.steps
                     if m == "geodesic-mix":
                         pairs = zip(steps_clock.solves, steps_clock.steps, strict=True)
@@ -181,7 +187,7 @@ def ascent_step_times(model, batches, loss, repeats, clock, steps=5):
         few, many = statistics.median(calls[2 * i]), statistics.median(calls[2 * i + 1])
         whole[m] = (many - few) / (steps - 1)
     median = {m: statistics.median(v) for m, v in per_step.items()}
-    return median, blocks, statistics.median(shares), whole
+    return median, blocks, statistics.median(shares), whole, values
 
 
 def step_times(model, batches, loss, repeats, clock, few=FEW, many=MANY):
@@ -211,7 +217,7 @@ def step_times(model, batches, loss, repeats, clock, few=FEW, many=MANY):
     return per_step, blocks, share
 
 
-def report(name, model, per_step, blocks, share, whole=None, goal=GOAL):
+def report(name, model, per_step, blocks, share, whole=None, values=None, goal=GOAL):
     name = f"{name} [{blocks} blk]"
     size = sum(p.numel() for p in model.parameters())
     base = per_step["adaptive"]
@@ -220,6 +226,7 @@ def report(name, model, per_step, blocks, share, whole=None, goal=GOAL):
         check = "-" if m == "adaptive" else ("ok" if ratio <= goal else f"over {goal}x")
         solve = f"{share:>7.0%}" if m == "geodesic-mix" else f"{'':>7}"
         calls = f" {whole[m] / whole['adaptive']:>7.2f}" if whole else ""
+        calls += f" {values[m]:>22.16g}" if values else ""
         print(f"{name:<26} {size:>8} {m:<13} {t:>12.5f} {ratio:>7.2f} {check:>10} {solve}{calls}")
 
 
@@ -310,19 +317,20 @@ def main():
         print(
             f"per step: median over the ascent steps of {args.repeats} interleaved calls of "
             f"5 steps each after warm-up, timed step by step, {args.clock} clock; "
-            "calls: (t(steps=5) - t(steps=1)) / 4 of the same calls, for comparison"
+            "calls: (t(steps=5) - t(steps=1)) / 4 of the same calls, for comparison; "
+            "value: the worst case of the 5-step call (rho 0.05)"
         )
         print(
             f"{'model [GL/GL(1) blocks]':<26} {'params':>8} {'measure':<13} {'s / step':>12} "
-            f"{'ratio':>7} {'goal':>10} {'solve':>7} {'calls':>7}"
+            f"{'ratio':>7} {'goal':>10} {'solve':>7} {'calls':>7} {'value':>22}"
         )
         for key in args.only or STOCK:
             name, build = STOCK[key]
             model, batches, loss = build()
-            per_step, blocks, share, whole = ascent_step_times(
+            per_step, blocks, share, whole, values = ascent_step_times(
                 model, batches, loss, args.repeats, args.clock
             )
-            report(name, model, per_step, blocks, share, whole, goal=1.3)
+            report(name, model, per_step, blocks, share, whole, values, goal=1.3)
         return
     print(
         f"per step = (t(steps={MANY}) - t(steps={FEW})) / {MANY - FEW}, "
