@@ -74,6 +74,8 @@ class Horizontal:
         iterations: conjugate-gradient iterations of the last projection.
         exact: precondition with the Schur complement where it applies (default True;
             False keeps the per-group preconditioner, as a reference).
+        trusted: the Schur solve met the CG tolerance on :meth:`probe_schur`'s
+            right-hand side, so it is used without conjugate gradients.
     """
 
     def __init__(self, geom, spec: SymmetrySpec):
@@ -383,8 +385,10 @@ class Horizontal:
     def solve(self, b: Coefficients) -> Coefficients:
         """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones.
 
-        CG is preconditioned by the Schur complement of :mod:`wsym.sharpness.schur`
-        where it applies (one iteration), else by the exact per-group solves.
+        Where the Schur complement of :mod:`wsym.sharpness.schur` applies and passed
+        :meth:`probe_schur` at this base point, it is the solve; where it applies but
+        failed the probe, it preconditions CG (a few iterations); elsewhere the exact
+        per-group solves precondition CG.
         """
         units, trans, stacks = self._cg
         free = [not c for c in stacks]
