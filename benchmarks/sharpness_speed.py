@@ -33,13 +33,19 @@ less than the wall clock (they still share caches and memory bandwidth).
 Stock models (``--stock``, goal 1.3x): timm ``vit_tiny_patch16_224`` (full depth, batch
 8 of 224x224 images), torchvision ``resnet18`` (batch 32 of 64x64) and a Hugging Face
 GPT-2 small config (4 layers, width 128, 4 heads, batch 8 of 32 tokens), random weights,
-cross-entropy against random classes. Here a step is ``(t(steps=5) - t(steps=1)) / 4``
-and the share of the step spent in the horizontal projection's Gram solve
-(:meth:`wsym.sharpness.vertical.Horizontal.project_flat`) is printed beside the ratio.
+cross-entropy against random classes. Here each ascent step is timed on its own
+(:class:`StepClock`: from the end of one direction to the end of the next), the median
+over the steps of ``--repeats`` interleaved 5-step calls per measure. Whole-call
+differences ``(t(steps=5) - t(steps=1)) / 4`` carry the jitter of each call's setup
+(GPT-2: the geodesic setup takes 0.8-1 s, ten steps' worth, and varies by 0.1-0.2 s under
+load, 0.4x-0.8x of the ratio over 4 steps); they are printed beside ("calls"), with the share of
+a geodesic-mix step spent in the horizontal projection
+(:meth:`wsym.sharpness.vertical.Horizontal.project_flat`) and each measure's value.
 
 Run:
     .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10] [--threads 1] [--clock cpu]
     .venv/bin/python benchmarks/sharpness_speed.py --stock --repeats 2 --clock cpu
+    .venv/bin/python benchmarks/sharpness_speed.py --stock --only gpt2 --repeats 5 --clock cpu
 """
 
 import argparse
@@ -52,7 +58,7 @@ from torch import nn
 
 import wsym
 from wsym.models.networks import TinyTransformer
-from wsym.sharpness import vertical
+from wsym.sharpness import measures, vertical
 from wsym.sharpness.quotient import Quotient
 
 MEASURES = ("adaptive", "geodesic-mix", "geodesic-inv")
@@ -103,6 +109,87 @@ class ProjectionClock:
         vertical.Horizontal.project_flat = self._orig
 
 
+class StepClock:
+    """Times each ascent step of ``wsym.sharpness.measures.worst_case`` while active.
+
+    A step runs from the end of one ``_direction`` call (loss, gradient, Riemannian
+    gradient) to the end of the next: the projections onto the ball, the momentum update
+    and the next direction. The first direction (at ``xi = 0``) ends no step, so the
+    setup of a call (float64 copy, balancing, ``Quotient``, the Schur factors) is not in
+    any step. Also the time ``projection`` (a :class:`ProjectionClock`) spent inside steps.
+    """
+
+    def __init__(self, clock, projection):
+        self.clock, self.projection, self.steps, self.solves = clock, projection, [], []
+        self._orig, self._last = (measures._direction, measures.worst_case), None
+
+    def __enter__(self):
+        direction, worst = self._orig
+
+        def timed_direction(*args, **kwargs):
+            out = direction(*args, **kwargs)
+            now, solve = self.clock(), self.projection.total
+            if self._last is not None:
+                self.steps.append(now - self._last[0])
+                self.solves.append(solve - self._last[1])
+            self._last = (now, solve)
+            return out
+
+        def reset(*args, **kwargs):
+            self._last = None
+            return worst(*args, **kwargs)
+
+        measures._direction, measures.worst_case = timed_direction, reset
+        return self
+
+    def __exit__(self, *exc):
+        measures._direction, measures.worst_case = self._orig
+
+
+def ascent_step_times(model, batches, loss, repeats, clock, steps=5):
+    """Median seconds per ascent step of each measure, timed step by step (:class:`StepClock`).
+
+    ``repeats`` interleaved calls of ``steps`` steps per measure after one warm-up call
+    each; also the share of a geodesic-mix step spent in the horizontal projection and,
+    for comparison, the per-step time from whole calls, ``(t(steps) - t(1)) / (steps - 1)``.
+    """
+    spec = wsym.detect(model, batches[0][0])
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    blocks = len(Quotient(spec, params).blocks)
+
+    def call(measure, n):
+        return lambda: wsym.sharpness(
+            model, batches, loss, spec=spec, measure=measure, rho=0.05, steps=n
+        )
+
+    tick = CLOCKS[clock]
+    names = [m for m in MEASURES for _ in (1, steps)]
+    fns = [call(m, n) for m in MEASURES for n in (1, steps)]
+    per_step, shares, whole, values = {m: [] for m in MEASURES}, [], {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fn in fns:  # warm-up
+            fn()
+        calls = [[] for _ in fns]
+        for _ in range(repeats):
+            for i, (m, fn) in enumerate(zip(names, fns, strict=True)):
+                with ProjectionClock(tick) as solve, StepClock(tick, solve) as steps_clock:
+                    start = tick()
+                    value = fn()
+                    calls[i].append(tick() - start)
+                if i % 2:
+                    values[m] = value
+                    per_step[m] += steps_clock.steps
+                    if m == "geodesic-mix":
+                        pairs = zip(steps_clock.solves, steps_clock.steps, strict=True)
+                        shares += [a / b for a, b in pairs]
+    for i, m in enumerate(MEASURES):
+        few, many = statistics.median(calls[2 * i]), statistics.median(calls[2 * i + 1])
+        whole[m] = (many - few) / (steps - 1)
+    median = {m: statistics.median(v) for m, v in per_step.items()}
+    return median, blocks, statistics.median(shares), whole, values
+
+
 def step_times(model, batches, loss, repeats, clock, few=FEW, many=MANY):
     """Seconds per ascent step of each measure, ``(t(many) - t(few)) / (many - few)``.
 
@@ -130,7 +217,7 @@ def step_times(model, batches, loss, repeats, clock, few=FEW, many=MANY):
     return per_step, blocks, share
 
 
-def report(name, model, per_step, blocks, share, goal=GOAL):
+def report(name, model, per_step, blocks, share, whole=None, values=None, goal=GOAL):
     name = f"{name} [{blocks} blk]"
     size = sum(p.numel() for p in model.parameters())
     base = per_step["adaptive"]
@@ -138,7 +225,9 @@ def report(name, model, per_step, blocks, share, goal=GOAL):
         t, ratio = per_step[m], per_step[m] / base
         check = "-" if m == "adaptive" else ("ok" if ratio <= goal else f"over {goal}x")
         solve = f"{share:>7.0%}" if m == "geodesic-mix" else f"{'':>7}"
-        print(f"{name:<26} {size:>8} {m:<13} {t:>12.5f} {ratio:>7.2f} {check:>10} {solve}")
+        calls = f" {whole[m] / whole['adaptive']:>7.2f}" if whole else ""
+        calls += f" {values[m]:>22.16g}" if values else ""
+        print(f"{name:<26} {size:>8} {m:<13} {t:>12.5f} {ratio:>7.2f} {check:>10} {solve}{calls}")
 
 
 def vit_tiny():
@@ -191,6 +280,13 @@ def bert(batch=8, tokens=16):
     return model, [(x, y)], lambda out, t: ce(out.pooler_output[:, :10], t)
 
 
+STOCK = {
+    "vit_tiny": ("vit_tiny 8x224", vit_tiny),
+    "resnet18": ("resnet18 32x64", resnet18),
+    "gpt2": ("GPT-2 8x32", gpt2),
+}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
@@ -207,6 +303,9 @@ def main():
     parser.add_argument(
         "--stock", action="store_true", help="timm ViT, torchvision resnet18, GPT-2 (goal 1.3x)"
     )
+    parser.add_argument(
+        "--only", nargs="*", choices=sorted(STOCK), help="with --stock: these models only"
+    )
     args = parser.parse_args()
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: use --threads 1")
@@ -214,25 +313,33 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, cpu, threads {torch.get_num_threads()}")
-    few, many = (1, 5) if args.stock else (FEW, MANY)
+    if args.stock:
+        print(
+            f"per step: median over the ascent steps of {args.repeats} interleaved calls of "
+            f"5 steps each after warm-up, timed step by step, {args.clock} clock; "
+            "calls: (t(steps=5) - t(steps=1)) / 4 of the same calls, for comparison; "
+            "value: the worst case of the 5-step call (rho 0.05)"
+        )
+        print(
+            f"{'model [GL/GL(1) blocks]':<26} {'params':>8} {'measure':<13} {'s / step':>12} "
+            f"{'ratio':>7} {'goal':>10} {'solve':>7} {'calls':>7} {'value':>22}"
+        )
+        for key in args.only or STOCK:
+            name, build = STOCK[key]
+            model, batches, loss = build()
+            per_step, blocks, share, whole, values = ascent_step_times(
+                model, batches, loss, args.repeats, args.clock
+            )
+            report(name, model, per_step, blocks, share, whole, values, goal=1.3)
+        return
     print(
-        f"per step = (t(steps={many}) - t(steps={few})) / {many - few}, "
+        f"per step = (t(steps={MANY}) - t(steps={FEW})) / {MANY - FEW}, "
         f"median of {args.repeats} repeats after warm-up, {args.clock} clock"
     )
     print(
         f"{'model [GL/GL(1) blocks]':<26} {'params':>8} {'measure':<13} {'s / step':>12} "
         f"{'ratio':>7} {'goal':>10} {'solve':>7}"
     )
-    if args.stock:
-        for name, build in (
-            ("vit_tiny 8x224", vit_tiny),
-            ("resnet18 32x64", resnet18),
-            ("GPT-2 8x32", gpt2),
-        ):
-            model, batches, loss = build()
-            times = step_times(model, batches, loss, args.repeats, args.clock, few, many)
-            report(name, model, *times, goal=1.3)
-        return
     models = (
         ("TinyTransformer", tiny_transformer),
         ("BERT small 8x16", bert),

@@ -55,15 +55,18 @@ def test_schur_equals_conjugate_gradients(name, metric):
 
 def test_an_inexact_schur_complement_is_refined_not_trusted():
     """Negative control: a perturbed factor (as round-off on near-singular blocks makes
-    it) costs iterations, not accuracy; the exact one needs at most one."""
+    it) fails the probe and costs iterations, not accuracy; the exact one passes it and
+    is used alone."""
     h = _horizontal("gpt2", "mixed")
     b = _rhs(h, 1)
     h.solve(b)
-    exact_iterations = h.iterations
+    assert h.trusted and h.iterations == 0
     block, factor = h._schur.groups[0]
     h._schur.groups[0] = (block, factor * 1.01)
+    h.trusted = h.probe_schur()
+    assert not h.trusted
     x = h.solve(b)
-    assert h.iterations > exact_iterations
+    assert h.iterations > 1
     residual = [u - v for u, v in zip(h.gram(x), b, strict=True)]
     assert _norm(residual) <= 1e-9 * _norm(b)
 
@@ -116,3 +119,19 @@ def test_nearly_singular_blocks_keep_the_cg_accuracy():
         finally:
             vertical.Horizontal.__init__ = original
     assert abs(values[True] - values[False]) <= 1e-6 * abs(values[False])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit_tiny"])
+def test_row_wise_units_equal_the_gather(name):
+    """Units scaling whole block rows, read per row, against the gather over their entries."""
+    h = _horizontal(name, "mixed")
+    assert h._rowwise is not None and h._rowwise[0], "LayerNorm gains scale whole block rows"
+    gen = torch.Generator().manual_seed(3)
+    c = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in h._zero()]
+    y = torch.randn(sum(h.sizes), generator=gen, dtype=torch.float64)
+    rowwise = h.apply(c), h.adjoint(y)
+    h._rowwise = None
+    gathered = h.apply(c), h.adjoint(y)
+    assert torch.allclose(rowwise[0], gathered[0], rtol=1e-12, atol=1e-12)
+    for x, ref in zip(rowwise[1], gathered[1], strict=True):
+        assert torch.allclose(x, ref, rtol=1e-12, atol=1e-12)

@@ -302,15 +302,19 @@ def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:
 
     Worst case: the balanced point of the diagonal groups
     (:func:`wsym.sharpness.gauge.balanced`), where the quotient metric is invariant to
-    the whole group. Average case: the canonical point (:func:`wsym.canonicalize`), so
-    that the random directions are drawn in canonical coordinates and transform with
-    every element, permutations and signs included.
+    the whole group, then balanced per GL block (``G^T G = H^T H``, the GL step of
+    :func:`wsym.canonicalize`), where the Gram shift commutes with the remaining
+    orthogonal group, so that the regularized metric is invariant too, nearly singular
+    blocks included (``docs/geometry.md``, section 2.1). Average case: the canonical
+    point (:func:`wsym.canonicalize`, which balances GL blocks alike), so that the random
+    directions are drawn in canonical coordinates and transform with every element,
+    permutations and signs included.
     """
-    if average:
-        from wsym.align.canonicalize import canonical_element
+    from wsym.align.canonicalize import canonical_element
 
+    if average:
         return canonical_element(state, spec)[0]
-    return balanced(spec, state)
+    return canonical_element(balanced(spec, state), spec, kinds={"gl"}, max_sweeps=1)[0]
 
 
 def _move_to(model64: nn.Module, state: dict) -> None:

@@ -41,7 +41,10 @@ from wsym.sharpness.tangent import FlatTangent, Pool
 from wsym.sharpness.vertical import Horizontal
 
 EPS = 1e-14
-"""GL Gram regularization (relative to the mean eigenvalue): finite on singular blocks."""
+"""GL Gram regularization (relative to the mean eigenvalue): finite on singular blocks.
+
+The shift ``s I`` is invariant only to O(h); the measures evaluate at a GL-balanced point,
+where that is all that remains of the group (``docs/geometry.md``, section 2.1)."""
 ELEMENTWISE_EPS = 1e-20
 """Adaptive-metric shift (relative to mean w^2): tiny, so rescalings by 1e4 stay exact."""
 

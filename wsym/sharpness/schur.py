@@ -50,12 +50,26 @@ SHIFT = 1e-13
 class Schur:
     """Cholesky factors of the Schur complement, one batch per component size.
 
+    Also the two coupling products of the elimination in closed form (a unit scales
+    whole block rows, ``D`` on the rows of ``G``, ``D'`` on those of ``H``; ``M_G``,
+    ``M_H`` the metric's right factors on ``G`` and ``H``, ``Q`` and ``P`` for the mixed
+    metric, ``P^-1`` and ``Q^-1`` for the invariant one):
+
+    * :meth:`units_of`, the units' part of ``J^T M J Omega``: per row ``r`` of ``G``,
+      ``d_r <g_r, (G Omega M_G)_r>``, and of ``H``, ``-d'_r <h_r, (H Omega^T M_H)_r>``;
+    * :meth:`blocks_of`, ``B^T a``: ``(G^T D G) M_G - M_H (H^T D' H)``.
+
+    One product with each factor per block instead of the two of applying ``J``, ``M``
+    and ``J^T`` in turn (and no gather over the units' entries).
+
     Attributes:
         groups: per component size ``k``, the units ``(C, k)`` and factors ``(C, k, k)``.
+        rows: per coupled stack, its rows' units and exponents ``(K, blocks, n + m)``
+            and the metric factors ``(M_G, M_H)``.
     """
 
-    def __init__(self, groups: list[tuple[Tensor, Tensor]]):
-        self.groups = groups
+    def __init__(self, groups: list[tuple[Tensor, Tensor]], rows: dict | None = None):
+        self.groups, self.rows = groups, rows or {}
 
     def solve(self, r: Tensor) -> Tensor:
         """``S^{-1} r`` for a vector ``r`` over all units (zero outside the components)."""
@@ -63,6 +77,47 @@ class Schur:
         for units, factor in self.groups:
             out[units] = torch.cholesky_solve(r[units].unsqueeze(-1), factor).squeeze(-1)
         return out
+
+    def units_of(self, stacks, omegas, n_units: int) -> Tensor:
+        """The units' part of ``J^T M J Omega`` for block coefficients ``omegas`` (per stack)."""
+        out = torch.zeros(n_units + 1, dtype=torch.float64)
+        for s, (ru, re, (MG, MH)) in self.rows.items():
+            G, H = stacks[s]
+            W = omegas[s]
+            yG, yH = G @ (W @ MG), -(H @ (W.mT @ MH))
+            add_row_sums(out, ru, re, G, H, yG, yH)
+        return out[:n_units]
+
+    def blocks_of(self, stacks, a: Tensor) -> dict[int, Tensor]:
+        """``B^T a``: the block part of ``J^T M J a`` for unit coefficients ``a``, per stack."""
+        ext = torch.cat([a, a.new_zeros(1)])
+        out = {}
+        for s, (ru, re, (MG, MH)) in self.rows.items():
+            G, H = stacks[s]
+            dG, dH = row_scalings(ru, re, ext, G)
+            out[s] = (G.mT @ (dG * G)) @ MG - MH @ (H.mT @ (dH * H))
+        return out
+
+
+def row_scalings(ru: Tensor, re: Tensor, ext: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    """Each block row's scaling ``d = sum_k re_k a[ru_k]`` for unit coefficients ``ext``.
+
+    ``ru``, ``re`` ``(K, blocks, n + m)``: the rows' units and exponents (``ext`` has a
+    trailing 0 for "no unit"). Returns ``(d_G (..., n, 1), d_H (..., m, 1))``, shaped to
+    broadcast over the rows of a stack whose ``G`` is ``G``.
+    """
+    d = (re * ext[ru]).sum(0).reshape(*G.shape[:-2], -1, 1)
+    return d[..., : G.shape[-2], :], d[..., G.shape[-2] :, :]
+
+
+def add_row_sums(out: Tensor, ru: Tensor, re, G, H, yG: Tensor, yH: Tensor) -> None:
+    """``out[u] += sum_r re_r <row_r of (G, H), row_r of (yG, yH)>`` over the rows of unit u.
+
+    The adjoint of :func:`row_scalings` times the block: ``out`` has ``n_units + 1``
+    entries (the last collects rows of no unit).
+    """
+    r = torch.cat([(G * yG).sum(-1), (H * yH).sum(-1)], -1).reshape(ru.shape[1:])
+    out.index_add_(0, ru.reshape(-1), (re * r).reshape(-1))
 
 
 def schur(h, lay) -> Schur | None:
@@ -83,7 +138,7 @@ def schur(h, lay) -> Schur | None:
     inv = lay.slot_inv[lay.sup[plain]]
     rowsets = {}
     for s in coupled:
-        rowsets[s] = _row_exponents(h, lay, s)
+        rowsets[s] = row_exponents(h, lay, s)
         if rowsets[s] is None:
             return None
     edges = [idx[[0, a]] for a in range(1, idx.shape[0])]
@@ -107,7 +162,7 @@ def schur(h, lay) -> Schur | None:
             if h.geom.metrics[s] == "mixed":
                 M = _mixed_term(G[part], H[part], h.geom.eps)
             else:
-                _, _, _, S, Sinv, den = h._blocks[s]
+                S, Sinv, den = h._blocks[s][3:6]
                 flat = [t.reshape(-1, *t.shape[-2:])[part] for t in (S, Sinv, den)]
                 M = _invariant_term(G[part], H[part], h.geom.eps, *flat)
             for a in range(ru.shape[0]):
@@ -115,7 +170,20 @@ def schur(h, lay) -> Schur | None:
                     ua, ub = ru[a, lo : lo + chunk], ru[b, lo : lo + chunk]
                     w = re[a, lo : lo + chunk, :, None] * re[b, lo : lo + chunk, None, :] * M
                     plan.add(ua[:, :, None].expand_as(w), ub[:, None, :].expand_as(w), w)
-    return plan.factor()
+    factor = plan.factor()
+    if factor is not None:
+        factor.rows = {s: (*rowsets[s], _metric_factors(h, s)) for s in coupled}
+    return factor
+
+
+def _metric_factors(h, s: int) -> tuple[Tensor, Tensor]:
+    """The metric's right factors on ``G`` and ``H`` of stack ``s`` (``M xi = xi M_G``)."""
+    G, H = h.stacks[s]
+    P, Q = Gram.of(G, h.geom.eps), Gram.of(H, h.geom.eps)
+    if h.geom.metrics[s] == "mixed":
+        return Q.matrix, P.matrix
+    eye = torch.eye(G.shape[-1], dtype=G.dtype).expand_as(P.matrix)
+    return P.solve(eye), Q.solve(eye)
 
 
 CHUNK = 1 << 22
@@ -169,7 +237,7 @@ def _invariant_term(
     return M
 
 
-def _row_exponents(h, lay, s: int) -> tuple[Tensor, Tensor] | None:
+def row_exponents(h, lay, s: int) -> tuple[Tensor, Tensor] | None:
     """Per block row of stack ``s``: its units and exponents ``(K, blocks, n + m)``, or None.
 
     ``h.n_units`` marks no unit. None when an exponent varies along a row (the closed

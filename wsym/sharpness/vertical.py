@@ -45,7 +45,7 @@ from wsym.sharpness import tangent
 from wsym.sharpness.exponents import translation_directions
 from wsym.sharpness.geometry import Gram
 from wsym.sharpness.geometry.block import mm
-from wsym.sharpness.schur import schur
+from wsym.sharpness.schur import add_row_sums, row_exponents, row_scalings, schur
 from wsym.sharpness.structure import TangentLayout, structure
 from wsym.sharpness.tangent import FlatTangent
 
@@ -74,6 +74,8 @@ class Horizontal:
         iterations: conjugate-gradient iterations of the last projection.
         exact: precondition with the Schur complement where it applies (default True;
             False keeps the per-group preconditioner, as a reference).
+        trusted: the Schur solve met the CG tolerance on :meth:`probe_schur`'s
+            right-hand side, so it is used without conjugate gradients.
     """
 
     def __init__(self, geom, spec: SymmetrySpec):
@@ -109,8 +111,10 @@ class Horizontal:
         # translations are few: always with conjugate gradients
         self._cg = (st.cg_units, torch.ones(D.shape[1], dtype=torch.bool), st.cg_stacks)
         self._layout = self._full()
+        self._rowwise = self._row_units(self._layout)
         self._reduced_layout = None
         self._schur = None
+        self.trusted = False  # the Schur solve passed :meth:`probe_schur` at this base point
         self.exact = True  # the Schur complement where it applies, else conjugate gradients
         self._keep_commutes = self._keeps_rows()
         self._drop = None if self.keep is None else (self.keep == 0).nonzero().squeeze(1)
@@ -160,6 +164,31 @@ class Horizontal:
             *_rows_of(self.D[R]),
         )  # fmt: skip
 
+    def _row_units(self, lay: TangentLayout):
+        """The units' gather split into whole block rows (read per row) and the rest, or None.
+
+        A unit that scales whole rows of a block (a LayerNorm gain feeding attention heads)
+        acts there as ``d * G`` per row: no gather over its entries. None where some unit's
+        exponent varies along a block row (the gather stays).
+        """
+        if not self.n_units:
+            return None
+        rows, inside = {}, torch.zeros_like(lay.sup, dtype=torch.bool)
+        for s, views in enumerate(lay.views):
+            if views is None:
+                continue
+            hit = torch.zeros_like(inside)
+            for v in views:
+                hit |= (lay.sup >= v.start) & (lay.sup < v.stop)
+            if not bool(hit.any()):
+                continue
+            rows[s] = row_exponents(self, lay, s)
+            if rows[s] is None:
+                return None
+            inside |= hit
+        rest = ~inside
+        return rows, lay.sup[rest], lay.idx[:, rest], lay.val[:, rest]
+
     # -- the linear maps (flat tangent layout, or the reduced one) -------------------------
     def lower(self, v: Tensor, lay: TangentLayout | None = None) -> Tensor:
         """``M v``: the metric on a flat tangent vector (in layout ``lay``, default all)."""
@@ -196,7 +225,13 @@ class Horizontal:
         v = torch.zeros(lay.n, dtype=torch.float64) if out is None else out
         if a is not None and a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
-            v.index_add_(0, lay.sup, (lay.val * ext[lay.idx]).sum(0), alpha=alpha)
+            rows, sup, idx, val = self._gather_of(lay)
+            v.index_add_(0, sup, (val * ext[idx]).sum(0), alpha=alpha)
+            for s, (ru, re) in rows.items():
+                (vG, vH), (G, H) = self._views_of(v, lay, s), self.stacks[s]
+                dG, dH = row_scalings(ru, re, ext, G)
+                vG.add_(dG * G, alpha=alpha)
+                vH.add_(dH * H, alpha=alpha)
         if t is not None and t.numel():
             v.index_add_(0, lay.d_rows, lay.d_vals @ t, alpha=alpha)
         for s, (G, H) in enumerate(self.stacks):
@@ -207,25 +242,29 @@ class Horizontal:
             vH.sub_(mm(H, omegas[s].mT), alpha=alpha)
         return v
 
-    def adjoint(
-        self, y: Tensor, lay: TangentLayout | None = None, units: bool = True, blocks: bool = True
-    ) -> Coefficients:
-        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``).
-
-        ``units=False`` / ``blocks=False`` leave the scaling / block coefficients zero
-        (uncomputed).
-        """
+    def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:
+        """``J^T y`` (Euclidean adjoint of :meth:`apply`; zero on stacks outside ``lay``)."""
         lay = lay or self._layout
-        a = self._unit_sums(lay.val * y[lay.sup], lay.idx) if units else y.new_zeros(self.n_units)
-        out = [a, lay.d_vals.T @ y[lay.d_rows]]
+        rows, sup, idx, val = self._gather_of(lay)
+        units = y.new_zeros(self.n_units + 1)
+        units.index_add_(0, idx.reshape(-1), (val * y[sup]).reshape(-1))
+        for s, (ru, re) in rows.items():
+            add_row_sums(units, ru, re, *self.stacks[s], *self._views_of(y, lay, s))
+        out = [units[: self.n_units], lay.d_vals.T @ y[lay.d_rows]]
         for s, (G, H) in enumerate(self.stacks):
-            if lay.views[s] is None or not blocks:
+            if lay.views[s] is None:
                 out.append(G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])))
                 continue
             yG, yH = self._views_of(y, lay, s)
             om = mm(G.mT, yG) - mm(H.mT, yH).mT
             out.append(_skew(om) if self.skew[s] else om)
         return out
+
+    def _gather_of(self, lay: TangentLayout) -> tuple:
+        """``(rows, sup, idx, val)``: block rows read per row (full layout), the rest gathered."""
+        if lay is self._layout and self._rowwise is not None:
+            return self._rowwise
+        return {}, lay.sup, lay.idx, lay.val
 
     def _unit_sums(self, values: Tensor, idx: Tensor) -> Tensor:
         """Sum ``values`` ``(K, support)`` into their units ``idx`` (adjoint of the gather)."""
@@ -264,17 +303,25 @@ class Horizontal:
                 S = Qh @ U
                 Sinv = U.mT @ torch.linalg.inv(Qh)
                 den = lam[..., :, None] + lam[..., None, :]
-                self._blocks.append(("lyapunov", Q.matrix, P.matrix, S, Sinv, den))
+                # W = S ((S^-1 Q) R (P S) / den) S^-1: the outer factors multiplied once
+                plan = ("lyapunov", Q.matrix, P.matrix, S, Sinv, den, Sinv @ Q.matrix, P.matrix @ S)
+                self._blocks.append(plan)
             elif sides[0]:  # one side (orthogonal): P W P^-1 = R
                 self._blocks.append(("left", P.matrix, torch.linalg.inv(P.matrix)))
             else:
                 self._blocks.append(("right", Q.matrix, torch.linalg.inv(Q.matrix)))
 
-    def precondition(self, r: Coefficients) -> Coefficients:
-        """Approximate ``(J^T M J)^{-1} r``: exact per block, diagonal for scalings."""
+    def precondition(self, r: Coefficients, stacks: list[bool] | None = None) -> Coefficients:
+        """Approximate ``(J^T M J)^{-1} r``: exact per block, diagonal for scalings.
+
+        ``stacks``: solve only the stacks marked True (the others' coefficients zero).
+        """
         out = [r[0] * self._diag if r[0].numel() else r[0]]
         out.append(r[1] / self._tdiag if r[1].numel() else r[1])
         for s, (plan, R) in enumerate(zip(self._blocks, r[2:], strict=True)):
+            if stacks is not None and not stacks[s]:
+                out.append(torch.zeros_like(R))
+                continue
             kind = plan[0]
             if kind == "mixed":
                 _, P, Q, Pinv, Qinv = plan
@@ -283,8 +330,8 @@ class Horizontal:
                 else:
                     W = 0.5 * mm(mm(Pinv, R), Qinv)
             elif kind == "lyapunov":
-                _, Q, P, S, Sinv, den = plan
-                W = mm(mm(S, mm(mm(Sinv, mm(mm(Q, R), P)), S) / den), Sinv)
+                S, Sinv, den, SQ, PS = plan[3:]
+                W = mm(mm(S, mm(mm(SQ, R), PS) / den), Sinv)
             elif kind == "left":
                 _, P, Pinv = plan
                 W = mm(mm(Pinv, R), P)
@@ -338,11 +385,14 @@ class Horizontal:
     def solve(self, b: Coefficients) -> Coefficients:
         """``(J^T M J)^{-1} b``: exact on decoupled components, CG on the coupled ones.
 
-        CG is preconditioned by the Schur complement of :mod:`wsym.sharpness.schur`
-        where it applies (one iteration), else by the exact per-group solves.
+        Where the Schur complement of :mod:`wsym.sharpness.schur` applies and passed
+        :meth:`probe_schur` at this base point, it is the solve; where it applies but
+        failed the probe, it preconditions CG (a few iterations); elsewhere the exact
+        per-group solves precondition CG.
         """
         units, trans, stacks = self._cg
-        exact = self._restrict(self.precondition(b), ~units, ~trans, [not c for c in stacks])
+        free = [not c for c in stacks]
+        exact = self._restrict(self.precondition(b, free), ~units, ~trans, free)
         self.iterations = 0
         if not (bool(units.any()) or bool(trans.any()) or any(stacks)):
             return exact
@@ -350,7 +400,10 @@ class Horizontal:
         if self._reduced_layout is None:
             self._reduced_layout = self._reduced()
             self._schur = schur(self, self._reduced_layout) if self.exact else None
+            self.trusted = self._schur is not None and self.probe_schur()
         reduced = self._reduced_layout
+        if self.trusted:  # exact to TOL at this base point (probed): no confirming iteration
+            return [u + v for u, v in zip(self._solve_schur(b, keep), exact, strict=True)]
         if self._schur is not None:  # an exact solve, refined by CG where round-off bites
             precondition = lambda r: self._solve_schur(r, keep)  # noqa: E731
         else:
@@ -377,28 +430,55 @@ class Horizontal:
             self.iterations += 1
         return [u + v for u, v in zip(x, exact, strict=True)]
 
+    def probe_schur(self, seed: int = 0) -> bool:
+        """Whether the Schur solve alone meets the CG tolerance at this base point.
+
+        A fixed-seed Gaussian right-hand side ``b = K c`` on the coupled coefficients
+        (``K`` the Gram operator) is solved once; the solve is trusted when its residual
+        is below :data:`TOL` relative, in the preconditioned norm and in the plain one
+        (the stopping rule of the conjugate gradients it then replaces). Forming the
+        complement cancels digits on nearly singular blocks, and the probe fails there.
+        """
+        keep = self._cg
+        gen = torch.Generator().manual_seed(seed)
+        coeffs = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in self._zero()]
+        b = self._restrict(self.gram(self._restrict(coeffs, *keep), self._reduced_layout), *keep)
+        x = self._solve_schur(b, keep)
+        Kx = self._restrict(self.gram(x, self._reduced_layout), *keep)
+        r = [u - v for u, v in zip(b, Kx, strict=True)]
+        plain = _dot(r, r) <= TOL * TOL * _dot(b, b)
+        pre = _dot(r, self._solve_schur(r, keep)) <= TOL * TOL * _dot(b, x)
+        return bool(plain and pre)
+
+    def _zero(self) -> Coefficients:
+        """Zero coefficients: one per unit, per translation direction, a matrix per stack."""
+        units = torch.zeros(self.n_units, dtype=torch.float64)
+        trans = torch.zeros(self.D.shape[1], dtype=torch.float64)
+        blocks = [G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])) for G, _ in self.stacks]
+        return [units, trans, *blocks]
+
     def _solve_schur(self, b: Coefficients, keep) -> Coefficients:
         """The coupled system solved exactly through :mod:`wsym.sharpness.schur`.
 
-        Used as the preconditioner of conjugate gradients: exact up to round-off, so
-        one iteration confirms it, and on nearly singular blocks (where forming the
-        complement cancels digits) the iterations recover the accuracy.
+        Exact up to round-off: used alone where :meth:`probe_schur` found it meets the
+        tolerance at this base point, else as the preconditioner of conjugate gradients
+        (on nearly singular blocks, where forming the complement cancels digits, the
+        iterations recover the accuracy).
 
         With ``C`` the blocks' own Gram operator (inverted exactly by
         :meth:`precondition`) and ``B`` the units' coupling to them:
-        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``; ``B`` and ``B^T``
-        are the unit and block parts of Gram products, each computed alone.
+        ``a = S^-1 (b - B C^-1 R)``, ``Omega = C^-1 (R - B^T a)``; ``B C^-1 R`` and
+        ``B^T a`` in closed form (:meth:`wsym.sharpness.schur.Schur.units_of`,
+        :meth:`~wsym.sharpness.schur.Schur.blocks_of`).
         """
         units, trans, stacks = keep
-        lay, off = self._reduced_layout, torch.zeros_like(units)
+        off, sc = torch.zeros_like(units), self._schur
         blocks = self._restrict(list(b), off, trans, stacks)
-        w = self._restrict(self.precondition(blocks), off, trans, stacks)
-        moved = self.lower(self.apply([None, None, *w[2:]], lay), lay)
-        a = self._schur.solve((b[0] - self.adjoint(moved, lay, blocks=False)[0]) * units)
-        moved = self.lower(self.apply([a, None, *[None] * len(stacks)], lay), lay)
-        back = self.adjoint(moved, lay, units=False)
-        rest = [u - v for u, v in zip(blocks, back, strict=True)]
-        omega = self._restrict(self.precondition(rest), off, trans, stacks)
+        w = self._restrict(self.precondition(blocks, stacks), off, trans, stacks)
+        a = sc.solve((b[0] - sc.units_of(self.stacks, w[2:], self.n_units)) * units)
+        back = sc.blocks_of(self.stacks, a)
+        rest = blocks[:2] + [R - back[s] if s in back else R for s, R in enumerate(blocks[2:])]
+        omega = self._restrict(self.precondition(rest, stacks), off, trans, stacks)
         return [a, *omega[1:]]
 
     @staticmethod
