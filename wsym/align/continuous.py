@@ -41,7 +41,7 @@ from wsym.group.units import block_matrices, unit_matrix, unit_sums
 
 SWEEPS = 50
 # Relative drop of D below which the sweeps stop (1e-10 before: the same barriers on every
-# pair of benchmarks/alignment.py, at 1.2-2.5x the time on the CNN and the transformers).
+# pair of benchmarks/alignment.py, at 1.8-2.6x the time on the CNN and the transformers).
 TOL = 1e-4
 
 
@@ -221,8 +221,8 @@ def _gl_start(g, h, g_ref, h_ref, eye) -> torch.Tensor:
 
     ``G M = G_ref`` alone gives ``M = G^+ G_ref``; ``H M^-T = H_ref`` alone
     ``M = (H^+ H_ref)^-T``; :func:`balanced_procrustes` fits both factors at
-    once up to the balancing. The objective has stationary points that are not
-    its minimum (a gradient method from ``I`` can stay there); these starts jump.
+    once up to the balancing. Candidates that are singular or ill-conditioned
+    (condition number past 1e8) are passed over.
     """
     cands = [eye]
     for a, b, contra in ((g, g_ref, False), (h, h_ref, True)):
