@@ -93,3 +93,21 @@ def test_gl_fit_lowers_each_heads_objective():
     start = gl_objective(eye, *mats.values(), *refs.values())
     end = gl_objective(fit, *mats.values(), *refs.values())
     assert (end < 1e-8 * start).all()
+
+
+def test_balanced_procrustes_undoes_a_planted_gl_element_and_never_loses_to_the_identity():
+    from wsym.align.continuous import _fit_gl, balanced_procrustes, balancing
+
+    gen = torch.Generator().manual_seed(1)
+    g, h = (torch.randn(3, 12, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    b = balancing(g, h)
+    g0, h0 = g @ b, h @ torch.linalg.inv(b).transpose(-1, -2)
+    assert torch.allclose(g0.mT @ g0, h0.mT @ h0, atol=1e-10)
+    m = torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
+    g_ref, h_ref = g @ m, h @ torch.linalg.inv(m).mT
+    assert torch.allclose(balanced_procrustes(g, h, g_ref, h_ref), m, atol=1e-8)
+    noisy = g_ref + 0.5 * torch.randn(g_ref.shape, generator=gen, dtype=torch.float64)
+    step = _fit_gl({0: g, 1: h}, {0: noisy, 1: h_ref})
+    eye = torch.eye(4, dtype=torch.float64).expand(3, 4, 4)
+    assert step is not None
+    assert (gl_objective(step, g, h, noisy, h_ref) <= gl_objective(eye, g, h, noisy, h_ref)).all()

@@ -17,8 +17,10 @@ group held (block coordinate descent; each step lowers ``D`` or keeps it):
   keeps the root only where the whole objective drops.
 * **orthogonal**: orthogonal Procrustes (exact).
 * **gl**: per index (head) ``min_M ||G M - G_ref||^2 + ||H M^-T - H_ref||^2``
-  over both factors (not convex: L-BFGS from ``M = I``, kept per head only
-  where it lowers the head's objective).
+  over both factors (not convex): the best of ``I``, the least-squares fit on
+  either factor, and both factors balanced then rotated onto the reference's
+  by orthogonal Procrustes (exact when ``other`` is ``ref`` moved by a GL
+  element), kept per head only where it lowers the head's objective.
 * **translation**: ``c = ref - other`` on the entries it moves (its mean in
   uniform mode), exact.
 
@@ -38,7 +40,9 @@ from wsym.group.spec import SymmetrySpec
 from wsym.group.units import block_matrices, unit_matrix, unit_sums
 
 SWEEPS = 50
-TOL = 1e-10  # relative drop of D below which the sweeps stop
+# Relative drop of D below which the sweeps stop (1e-10 before: the same barriers on every
+# pair of benchmarks/alignment.py, at 1.8-2.6x the time on the CNN and the transformers).
+TOL = 1e-4
 
 
 def mismatch(spec: SymmetrySpec, ref: dict, other: dict) -> float:
@@ -213,11 +217,12 @@ def gl_objective(m, g, h, g_ref, h_ref) -> torch.Tensor:
 
 
 def _gl_start(g, h, g_ref, h_ref, eye) -> torch.Tensor:
-    """Per index, the best of ``I`` and the least-squares fits on one factor.
+    """Per index, the best of ``I``, the least-squares fit on either factor, and Procrustes.
 
     ``G M = G_ref`` alone gives ``M = G^+ G_ref``; ``H M^-T = H_ref`` alone
-    ``M = (H^+ H_ref)^-T``. The objective has stationary points that are not its
-    minimum (a gradient method from ``I`` can stay there); these starts jump.
+    ``M = (H^+ H_ref)^-T``; :func:`balanced_procrustes` fits both factors at
+    once up to the balancing. Candidates that are singular or ill-conditioned
+    (condition number past 1e8) are passed over.
     """
     cands = [eye]
     for a, b, contra in ((g, g_ref, False), (h, h_ref, True)):
@@ -228,6 +233,9 @@ def _gl_start(g, h, g_ref, h_ref, eye) -> torch.Tensor:
             continue
         if bool(torch.isfinite(m).all()):
             cands.append(m)
+    m = balanced_procrustes(g, h, g_ref, h_ref)
+    if m is not None:
+        cands.append(m)
     stacked = torch.stack(cands)
     values = torch.stack(
         [_safe_objective(m, g, h, g_ref, h_ref) for m in cands]
@@ -235,6 +243,48 @@ def _gl_start(g, h, g_ref, h_ref, eye) -> torch.Tensor:
     best = values.argmin(0)
     index = best.reshape(1, *best.shape, 1, 1).expand(1, *eye.shape)
     return stacked.gather(0, index).squeeze(0)
+
+
+def balancing(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Per index, ``B`` with ``(G B)^T G B = (H B^-T)^T H B^-T`` (closed form).
+
+    With ``A = G^T G``, ``C = H^T H`` the condition is ``X A X = C`` for
+    ``X = B B^T``, solved by the matrix geometric mean
+    ``X = A^-1/2 (A^1/2 C A^1/2)^1/2 A^-1/2``; ``B = X^1/2``.
+
+    Shapes:
+        ``g``, ``h``: ``(*index, rows, h)``; returns ``(*index, h, h)``.
+    """
+
+    def power(sym, p):
+        w, v = torch.linalg.eigh(sym)
+        return (v * w.clamp_min(1e-300).pow(p).unsqueeze(-2)) @ v.transpose(-1, -2)
+
+    a, c = g.transpose(-1, -2) @ g, h.transpose(-1, -2) @ h
+    root, inv_root = power(a, 0.5), power(a, -0.5)
+    x = inv_root @ power(root @ c @ root, 0.5) @ inv_root
+    return power(0.5 * (x + x.transpose(-1, -2)), 0.5)
+
+
+def balanced_procrustes(g, h, g_ref, h_ref) -> torch.Tensor | None:
+    """Per index, ``M = B R B_ref^-1``: both balanced, then rotated onto the reference.
+
+    ``B`` and ``B_ref`` balance the two pairs of factors (:func:`balancing`);
+    what is left of ``GL(h)`` between balanced factors is ``O(h)``, and the
+    rotation ``R = U V^T`` from the SVD of ``G_0^T G_ref0 + H_0^T H_ref0``
+    minimizes ``||G_0 R - G_ref0||^2 + ||H_0 R - H_ref0||^2`` exactly
+    (orthogonal Procrustes). None where a balancing is singular.
+    """
+    try:
+        b, b_ref = balancing(g, h), balancing(g_ref, h_ref)
+        b_inv, b_ref_inv = torch.linalg.inv(b), torch.linalg.inv(b_ref)
+    except torch.linalg.LinAlgError:
+        return None
+    g0, h0 = g @ b, h @ b_inv.transpose(-1, -2)
+    g_ref0, h_ref0 = g_ref @ b_ref, h_ref @ b_ref_inv.transpose(-1, -2)
+    u, _, vh = torch.linalg.svd(g0.transpose(-1, -2) @ g_ref0 + h0.transpose(-1, -2) @ h_ref0)
+    m = b @ u @ vh @ b_ref_inv
+    return m if bool(torch.isfinite(m).all()) else None
 
 
 def _safe_objective(m, g, h, g_ref, h_ref) -> torch.Tensor:
@@ -246,42 +296,26 @@ def _safe_objective(m, g, h, g_ref, h_ref) -> torch.Tensor:
     return torch.where(ok, value, torch.full_like(value, float("inf")))
 
 
-def _fit_gl(mats: dict, mats_ref: dict, iters: int = 10):
-    """Per index, the GL element fitted on both factors (L-BFGS from the best start).
+def _fit_gl(mats: dict, mats_ref: dict):
+    """Per index, the GL element fitted on both factors: the best closed-form start.
 
-    A few iterations per call: :func:`fit_continuous` calls it once per sweep,
-    each from where the last one stopped.
+    Of ``I``, the one-factor least squares and the balanced Procrustes fit
+    (:func:`_gl_start`), each head keeps the lowest objective, and moves only
+    where that is below the identity's. On the transformers of
+    ``benchmarks/alignment.py`` ten L-BFGS iterations after it, per sweep,
+    took 60-70% of the alignment time and left the barriers within the spread
+    over visiting orders.
     """
     if 0 not in mats or 1 not in mats:
         return None
     g, h, g_ref, h_ref = mats[0], mats[1], mats_ref[0], mats_ref[1]
     size = g.shape[-1]
     eye = torch.eye(size, dtype=torch.float64).expand(*g.shape[:-2], size, size).clone()
-    start = _gl_start(g, h, g_ref, h_ref, eye)
-    x = (start - eye).clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([x], max_iter=iters, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        try:
-            loss = gl_objective(eye + x, g, h, g_ref, h_ref).sum()
-        except torch.linalg.LinAlgError:
-            loss = torch.tensor(float("inf"), dtype=torch.float64)
-            return loss
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    m = (eye + x).detach()
-    if not bool(torch.isfinite(m).all()):
-        return None
+    m = _gl_start(g, h, g_ref, h_ref, eye)
     try:
         better = gl_objective(m, g, h, g_ref, h_ref) < gl_objective(eye, g, h, g_ref, h_ref)
-        cond = torch.linalg.cond(m)
     except torch.linalg.LinAlgError:
         return None
-    better &= cond < 1e8
     if not bool(better.any()):
         return None
     return torch.where(better[..., None, None], m, eye)
