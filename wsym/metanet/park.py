@@ -77,6 +77,8 @@ class ParkNet(nn.Module):
         trees: boosting stages of the trees blended into the statistics branch (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
         combine: ``"blend"`` or ``"residual"`` (how two branches are combined).
+        stat_readout: the graph branch's readout also reads the quantile-normalized
+            statistics (a shared readout: message passing adds to what they say).
     """
 
     def __init__(
@@ -89,19 +91,21 @@ class ParkNet(nn.Module):
         branches: str = "both",
         trees: int = 0,
         combine: str = "blend",
+        stat_readout: bool = False,
     ):
         super().__init__()
         if branches not in BRANCHES:
             raise WsymInputError(f"branches must be one of {', '.join(BRANCHES)}, got {branches!r}")
         if combine not in COMBINE:
             raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
-        self.branches, self.combine = branches, combine
+        self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
         self.register_buffer("graph_weight", torch.tensor(0.5))
         self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
         self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
         pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
+        pooled += STAT_WIDTH if stat_readout else 0
         self.head = mlp(pooled, hidden, outputs)
         self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
 
@@ -110,6 +114,7 @@ class ParkNet(nn.Module):
         self.node_enc.fit(batch.node_x.float(), torch.zeros_like(batch.node_group))
         self.attr_enc.fit(batch.attr_x.float(), batch.attr_role)
         self.edge_enc.fit(batch.edge_x.float(), batch.edge_role)
+        self.stats.normal.fit(batch.stat_x.to(self.stats.normal.knots.dtype))
 
     def forward(self, batch) -> Tensor:
         """``(B, outputs)``: the branches in use, blended or added."""
@@ -140,7 +145,9 @@ class ParkNet(nn.Module):
         roles = batch.batch[batch.edge_index[1]] * len(EDGE_ROLES) + batch.edge_role
         edges = scatter(e, roles, 0, dim_size=b * len(EDGE_ROLES), reduce="mean")
         pooled = [mean.view(b, -1), top.view(b, -1), edges.view(b, -1), batch.graph_x.to(dtype)]
-        return self.head(torch.cat(pooled, dim=1))
+        if self.stat_readout:
+            pooled.append(self.stats.normal(batch.stat_x.to(self.stats.normal.knots.dtype)))
+        return self.head(torch.cat([t.to(dtype) for t in pooled], dim=1))
 
 
 _KEYS: dict[int, tuple[SymmetrySpec, str]] = {}
@@ -309,6 +316,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config["branches"],
         config.get("trees", 0),
         config.get("combine", "blend"),
+        config.get("stat_readout", False),
     )
 
 

@@ -16,6 +16,9 @@ are then monotone in the targets' ranks, which is what Kendall tau reads).
 
 from __future__ import annotations
 
+import random
+import time
+
 import torch
 
 from wsym.errors import WsymInputError
@@ -55,10 +58,12 @@ def fit_park(
     branches: str = "both",
     combine: str = "blend",
     target_transform: str = "standard",
+    stat_readout: bool = False,
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
     config: FitConfig | None = None,
+    on_epoch=None,
     **options,
 ) -> ParkPredictor:
     """Train one meta-network on ``checkpoints`` of any architectures.
@@ -74,10 +79,13 @@ def fit_park(
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
         combine: ``"blend"`` or ``"residual"`` (see the module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
+        stat_readout: the graph branch's readout also reads the statistics
+            (:class:`~wsym.metanet.park.ParkNet`).
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
         config: the hyperparameters (:class:`~wsym.metanet.fit.FitConfig`).
+        on_epoch: progress hook ``on_epoch(epoch, epochs, val_tau)`` of the graph branch.
         **options: fields of :class:`~wsym.metanet.fit.FitConfig` replacing those of ``config``.
     """
     c = FitConfig.of(config, options)
@@ -100,14 +108,17 @@ def fit_park(
         "trees": c.trees,
         "combine": combine,
         "target_transform": target_transform,
+        "stat_readout": stat_readout,
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
     p = ParkPredictor(net, predictor.specs if predictor else {}, meta, example_inputs)
+    start = time.perf_counter()
     graphs = p.graphs(checkpoints) if graphs is None else list(graphs)
     graphs, y, val_graphs, y_val = split_validation(
         graphs, y, validation, val_graphs, p.graphs, c.val_fraction, seed
     )
+    graph_seconds = time.perf_counter() - start
     # rank: train on normal scores, report in standardized units of those scores
     z = normal_scores(y) if target_transform == "rank" else y
     mean, std = z.mean(0), z.std(0).clamp(min=1e-12)
@@ -125,8 +136,10 @@ def fit_park(
     if blend:
         net.branches = "graph"  # trained on its own, then weighed against the statistics
     epochs = c.epochs if branches != "stats" else 0
-    report = graph_stage(p, graphs, z, val_graphs, y_val, c, seed, epochs=epochs)
-    report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
+    report = graph_stage(p, graphs, z, val_graphs, y_val, c, seed, epochs=epochs, on_epoch=on_epoch)
+    report.update(
+        statistics_val_tau=stat_tau, statistics_seconds=stat_seconds, graph_seconds=graph_seconds
+    )
     if blend:
         net.branches = "both"
         report["graph_val_tau"] = report["val_tau"]
@@ -161,15 +174,36 @@ def zoo_members(zoo, ids) -> list:
     return out
 
 
-def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[ParkPredictor, dict]:
+def capped(ids: dict[str, list], caps: dict[str, int] | None) -> dict[str, list]:
+    """At most ``caps[split]`` of each split's entries (a seeded subsample, order kept)."""
+    out = dict(ids)
+    for s, cap in (caps or {}).items():
+        v = out.get(s, [])
+        keep = sorted(random.Random(0).sample(range(len(v)), min(cap, len(v))))
+        out[s] = [v[i] for i in keep]
+    return out
+
+
+def zoo_ids(zoo, caps: dict[str, int] | None = None) -> dict[str, list[int]]:
+    """``{split: member ids}`` of :data:`SPLITS` (capped by ``caps``: a seeded subsample)."""
+    return capped({s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}, caps)
+
+
+def fit_zoo(
+    zoo, *, target: str = "gap", seed: int = 0, ids: dict | None = None, **options
+) -> tuple[ParkPredictor, dict]:
     """Fit on a zoo's ``train`` split (``val`` for early stopping); it knows every architecture.
 
+    ``ids``: the members of each split (default :func:`zoo_ids`, every member).
     Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
-    (the held-out members and architectures; absent splits left out).
+    (the held-out members and architectures; absent splits left out). Its
+    ``config["card"]`` has the split sizes, the taus and ``timing`` (seconds per stage).
     """
-    ids = {s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}
+    clock = time.perf_counter()
+    ids = zoo_ids(zoo) if ids is None else ids
     y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
     members = {s: zoo_members(zoo, v) for s, v in ids.items()}
+    timing = {"detect and load": time.perf_counter() - clock}
     p = fit_park(
         members["train"],
         y["train"],
@@ -178,6 +212,15 @@ def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[Park
         seed=seed,
         **options,
     )
+    rep = p.config["report"]
+    timing.update(
+        {
+            "invariant graphs": rep["graph_seconds"],
+            "statistics branch": rep["statistics_seconds"],
+            "graph branch": rep["train_seconds"],
+        }
+    )
+    start = time.perf_counter()
     for spec, _ in members["test"] + members["test_arch"]:
         p.add_architecture(spec)
     taus = {
@@ -185,8 +228,45 @@ def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[Park
         for s in ("test", "test_arch")
         if len(ids[s]) > 1
     }
-    p.config["card"] = {"splits": {s: len(v) for s, v in ids.items()}, "test_tau": taus}
+    timing["scoring"] = time.perf_counter() - start
+    timing["total"] = time.perf_counter() - clock
+    splits = {s: len(v) for s, v in ids.items()}
+    p.config["card"] = {"splits": splits, "test_tau": taus, "timing": timing}
     return p, taus
+
+
+def park_card(p: ParkPredictor, zoo: str, command: str) -> str:
+    """A short markdown model card of a :func:`fit_zoo` predictor."""
+    rep, c = p.config["report"], p.config
+    splits, taus = c["card"]["splits"], c["card"]["test_tau"]
+    seconds = c["card"]["timing"]["total"]
+    lines = [
+        f"# Meta-network: {c['targets'][0]} on `{zoo}` (one network, every park architecture)",
+        "",
+        f"- architectures known: {len(p.schemas)} (every architecture of the zoo, held-out ones "
+        "included)",
+        f"- training: {splits['train']} train / {splits['val']} val members, seed {rep['seed']}, "
+        f"best graph epoch {rep['best_epoch']} of {rep['epochs_run']}, {seconds:.0f}s on CPU",
+        f"- held-out members ({splits['test']}): Kendall tau {taus.get('test', float('nan')):.3f}",
+        f"- held-out architectures ({splits['test_arch']}): Kendall tau "
+        f"{taus.get('test_arch', float('nan')):.3f}",
+        f"- validation Kendall tau: statistics branch {rep['statistics_val_tau']:.3f}, graph "
+        f"branch alone {rep.get('graph_val_tau', float('nan')):.3f}, blended "
+        f"{rep['val_tau']:.3f} (graph weight {rep.get('graph_weight', 1.0)}, chosen on the "
+        "validation members)",
+        f"- network: universal role-featured graphs, {c['layers']} message-passing layers, "
+        f"width {c['hidden']}"
+        + (", readout also reads the statistics" if c.get("stat_readout") else "")
+        + f"; statistics branch {c['members']} perceptrons"
+        + (f" + {c['trees']} boosted trees" if c.get("trees") else ""),
+        "- invariant to each member's whole symmetry group (canonical forms + message passing)",
+        "- bare checkpoints are matched to the known architectures by tensor names and shapes; "
+        "where several share them (MLPs differing only in the activation) the prediction is "
+        "the mean over those",
+        f"- command: `{command}`",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 SPLITS = ("train", "val", "test", "test_arch")
