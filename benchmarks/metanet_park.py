@@ -68,6 +68,7 @@ def park_options(args) -> dict:
         "trees": args.trees,
         "stat_readout": args.stat_readout,
         "lr": args.lr,
+        "combine": args.combine,
     }
 
 
@@ -99,6 +100,8 @@ STUDY = {
     "readout also reads the statistics": {"stat_readout": True},
     "... and no message passing (layers 0)": {"stat_readout": True, "layers": 0},
     "learning rate x2.5": {"lr": "x2.5"},
+    "joint readout (combine joint)": {"combine": "joint"},
+    "joint readout, no message passing": {"combine": "joint", "layers": 0},
 }
 
 
@@ -153,6 +156,9 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--lr", type=float, default=2e-3, help="graph branch's peak learning rate")
     parser.add_argument(
         "--stat-readout", action="store_true", help="graph readout also reads the statistics"
+    )
+    parser.add_argument(
+        "--combine", default="blend", choices=("blend", "joint"), help="the park metanet's"
     )
     parser.add_argument("--study-rows", help="comma list of study rows (default: all)")
     parser.add_argument(

@@ -224,7 +224,7 @@ def statistics_stage(net, x, z, x_val, z_val, c: FitConfig, seed: int) -> tuple:
     start = time.perf_counter()
     tau, taus = float("nan"), {}
     if x is not None:
-        tau, taus = _train_statistics(
+        tau, taus = train_statistics(
             net.stats,
             x,
             z,
@@ -275,7 +275,7 @@ def split_validation(graphs, y, validation, val_graphs, read, val_fraction: floa
     return graphs, y, val_graphs, y_val
 
 
-def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed):
+def train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed):
     """Stage 1: quantile knots, each perceptron, the trees, the blend; validation taus.
 
     Returns the branch's validation tau and ``{blend: validation tau}`` over the grid.

@@ -13,8 +13,13 @@ per-tensor statistics ``stat_x``. ``branches`` picks ``"both"``, ``"stats"`` or
 ``"graph"``; two branches are combined by ``combine``: ``"blend"``
 (:math:`(1 - \beta)\,s + \beta\,g`, each branch trained on its own and the
 weight :math:`\beta`, buffer ``graph_weight``, chosen on the validation
-members) or ``"residual"`` (:math:`s + g`, the graph branch trained on the
-frozen statistics branch's residual, as :func:`wsym.metanet.fit`).
+members), ``"residual"`` (:math:`s + g`, the graph branch trained on the
+frozen statistics branch's residual, as :func:`wsym.metanet.fit`) or
+``"joint"`` (:math:`(1 - \beta)\,s + \beta\,j`: a second statistics ensemble
+:math:`j`, ``joint``, on the statistics *and* the graph branch's frozen
+message-passing readout :meth:`ParkNet.embed`, trained after the graph branch
+as long as the statistics branch is: the readout's features get a readout as
+well trained as the statistics').
 
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
@@ -65,7 +70,7 @@ from wsym.metanet.universal import (
 
 PARK_FORMAT = "park-1"
 BRANCHES = ("both", "stats", "graph")
-COMBINE = ("blend", "residual")
+COMBINE = ("blend", "residual", "joint")
 
 
 class ParkNet(nn.Module):
@@ -76,7 +81,7 @@ class ParkNet(nn.Module):
         stat_hidden, members: the statistics branch's width and ensemble size.
         trees: boosting stages of the trees blended into the statistics branch (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"`` or ``"residual"`` (how two branches are combined).
+        combine: ``"blend"``, ``"residual"`` or ``"joint"`` (how two branches are combined).
         stat_readout: the graph branch's readout also reads the quantile-normalized
             statistics (a shared readout: message passing adds to what they say).
     """
@@ -105,9 +110,10 @@ class ParkNet(nn.Module):
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
         pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
-        pooled += STAT_WIDTH if stat_readout else 0
-        self.head = mlp(pooled, hidden, outputs)
+        self.head = mlp(pooled + (STAT_WIDTH if stat_readout else 0), hidden, outputs)
         self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
+        if combine == "joint":
+            self.joint = StatisticsEnsemble(STAT_WIDTH + pooled, stat_hidden, members, outputs)
 
     def fit_inputs(self, batch) -> None:
         """Per-role standardization of the raw features from the training graphs."""
@@ -122,14 +128,31 @@ class ParkNet(nn.Module):
             return self.stats(batch.stat_x)
         if self.branches == "graph":
             return self.graph_branch(batch)
-        g, s = self.graph_branch(batch), self.stats(batch.stat_x)
+        s = self.stats(batch.stat_x)
+        g = (
+            self.joint(self.joint_inputs(batch))
+            if self.combine == "joint"
+            else self.graph_branch(batch)
+        )
         if self.combine == "residual":
             return g + s
         beta = self.graph_weight.to(g.dtype)
         return (1 - beta) * s.to(g.dtype) + beta * g
 
+    def joint_inputs(self, batch) -> Tensor:
+        """``(B, STAT_WIDTH + readout)``: the statistics and the message-passing readout."""
+        knots = self.stats.normal.knots.dtype
+        return torch.cat([batch.stat_x.to(knots), self.embed(batch).to(knots)], dim=1)
+
     def graph_branch(self, batch) -> Tensor:
         """``(B, outputs)`` the message-passing branch alone."""
+        pooled = [self.embed(batch)]
+        if self.stat_readout:
+            pooled.append(self.stats.normal(batch.stat_x.to(self.stats.normal.knots.dtype)))
+        return self.head(torch.cat([t.to(pooled[0].dtype) for t in pooled], dim=1))
+
+    def embed(self, batch) -> Tensor:
+        """``(B, readout)``: mean and max of each node group, mean per edge role, descriptors."""
         dtype = self.head[0].weight.dtype
         n, b = batch.num_nodes, batch.num_graphs
         h = self.node_enc(batch.node_x.to(dtype), torch.zeros_like(batch.node_group))
@@ -145,9 +168,7 @@ class ParkNet(nn.Module):
         roles = batch.batch[batch.edge_index[1]] * len(EDGE_ROLES) + batch.edge_role
         edges = scatter(e, roles, 0, dim_size=b * len(EDGE_ROLES), reduce="mean")
         pooled = [mean.view(b, -1), top.view(b, -1), edges.view(b, -1), batch.graph_x.to(dtype)]
-        if self.stat_readout:
-            pooled.append(self.stats.normal(batch.stat_x.to(self.stats.normal.knots.dtype)))
-        return self.head(torch.cat([t.to(dtype) for t in pooled], dim=1))
+        return torch.cat(pooled, dim=1)
 
 
 _KEYS: dict[int, tuple[SymmetrySpec, str]] = {}

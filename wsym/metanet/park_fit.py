@@ -28,6 +28,7 @@ from wsym.metanet.fit import (
     graph_stage,
     split_validation,
     statistics_stage,
+    train_statistics,
 )
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.metrics import kendall_tau
@@ -132,7 +133,7 @@ def fit_park(
         # validation targets on the training scale only matter for ranking (tau)
         z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
     stat_tau, _, stat_seconds = statistics_stage(net, x, z.float(), x_val, z_val, c, seed)
-    blend = branches == "both" and combine == "blend"
+    blend = branches == "both" and combine in ("blend", "joint")
     if blend:
         net.branches = "graph"  # trained on its own, then weighed against the statistics
     epochs = c.epochs if branches != "stats" else 0
@@ -143,6 +144,8 @@ def fit_park(
     if blend:
         net.branches = "both"
         report["graph_val_tau"] = report["val_tau"]
+        if combine == "joint":
+            report["joint_val_tau"] = _fit_joint(net, graphs, z, val_graphs, z_val, c, seed)
         report["blend_val_taus"] = taus = {}
         for beta in BLENDS:
             net.graph_weight.fill_(beta)
@@ -152,6 +155,34 @@ def fit_park(
         report.update(graph_weight=best, val_tau=taus[best])
     meta["report"] = report
     return p
+
+
+@torch.no_grad()
+def _joint_inputs(net, graphs, batch_size: int = 64) -> torch.Tensor:
+    net.eval()
+    parts = [
+        net.joint_inputs(batch_graphs(graphs[i : i + batch_size]))
+        for i in range(0, len(graphs), batch_size)
+    ]
+    return torch.cat(parts)
+
+
+def _fit_joint(net, graphs, z, val_graphs, z_val, c: FitConfig, seed: int) -> float:
+    """Train ``net.joint`` on the statistics and the frozen graph readout; its validation tau."""
+    x, x_val = _joint_inputs(net, graphs), _joint_inputs(net, val_graphs)
+    tau, _ = train_statistics(
+        net.joint,
+        x,
+        z.float(),
+        x_val,
+        z_val,
+        epochs=c.stat_epochs,
+        patience=c.stat_patience,
+        lr=c.stat_lr,
+        seed=seed,
+    )
+    net.joint.requires_grad_(False)
+    return tau
 
 
 def _first(y: torch.Tensor) -> torch.Tensor:
