@@ -101,7 +101,11 @@ STUDY = {
     "... and no message passing (layers 0)": {"stat_readout": True, "layers": 0},
     "learning rate x2.5": {"lr": "x2.5"},
     "joint readout (combine joint)": {"combine": "joint"},
-    "joint readout, no message passing": {"combine": "joint", "layers": 0},
+    "joint readout without message passing": {"combine": "joint", "layers": 0},
+    "joint readout (graph branch trained beside the statistics)": {
+        "combine": "joint",
+        "stat_readout": True,
+    },
 }
 
 
