@@ -25,7 +25,7 @@ from wsym.errors import WsymInputError
 from wsym.io.progress import Progress
 from wsym.metanet.metrics import kendall_tau
 from wsym.metanet.park_baselines import LayerStatNN, ParkMetanet, PerArchitecture
-from wsym.metanet.park_fit import capped
+from wsym.metanet.park_fit import capped, is_finite
 
 TARGETS = ("test_acc", "gap")
 SPLITS = ("train", "val", "test", "test_arch")
@@ -56,7 +56,8 @@ def caps_for(train: int | None) -> dict[str, int] | None:
 def read_park(zoos, caps: dict[str, int] | None = None):
     """``({split: [(spec, sd, family)]}, {split: {target: [y]}}, architectures)`` of ``zoos``.
 
-    A zoo without a ``val`` split lends every 5th training member to it.
+    A zoo without a ``val`` split lends every 5th training member to it; members
+    with non-finite weights (diverged in training) are left out.
     """
     specs, out = {}, {s: [] for s in SPLITS}
     ys = {s: {t: [] for t in TARGETS} for s in SPLITS}
@@ -74,8 +75,10 @@ def read_park(zoos, caps: dict[str, int] | None = None):
                 arch = json.dumps(r["architecture"], sort_keys=True)
                 if arch not in specs:
                     specs[arch] = detect(zoo.model(r["id"]), x)
-                family = r["architecture"]["name"]
-                out[split].append((specs[arch], zoo.state_dict(r["id"]), family))
+                family, sd = r["architecture"]["name"], zoo.state_dict(r["id"])
+                if not is_finite(sd):  # diverged in training: no weights to read
+                    continue
+                out[split].append((specs[arch], sd, family))
                 for t in TARGETS:
                     ys[split][t].append(float(r[t]))
     return out, ys, len(specs)

@@ -205,6 +205,15 @@ def zoo_members(zoo, ids) -> list:
     return out
 
 
+def is_finite(sd: dict) -> bool:
+    """Whether every floating tensor of ``sd`` is finite (a diverged member is not)."""
+    return all(
+        bool(torch.isfinite(v).all())
+        for v in sd.values()
+        if torch.is_tensor(v) and v.is_floating_point()
+    )
+
+
 def capped(ids: dict[str, list], caps: dict[str, int] | None) -> dict[str, list]:
     """At most ``caps[split]`` of each split's entries (a seeded subsample, order kept)."""
     out = dict(ids)
@@ -225,15 +234,19 @@ def fit_zoo(
 ) -> tuple[ParkPredictor, dict]:
     """Fit on a zoo's ``train`` split (``val`` for early stopping); it knows every architecture.
 
-    ``ids``: the members of each split (default :func:`zoo_ids`, every member).
+    ``ids``: the members of each split (default :func:`zoo_ids`, every member);
+    members with non-finite weights (diverged in training) are left out.
     Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
     (the held-out members and architectures; absent splits left out). Its
     ``config["card"]`` has the split sizes, the taus and ``timing`` (seconds per stage).
     """
     clock = time.perf_counter()
     ids = zoo_ids(zoo) if ids is None else ids
-    y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
     members = {s: zoo_members(zoo, v) for s, v in ids.items()}
+    keep = {s: [k for k, (_, sd) in enumerate(m) if is_finite(sd)] for s, m in members.items()}
+    ids = {s: [ids[s][k] for k in keep[s]] for s in ids}  # diverged members left out
+    members = {s: [members[s][k] for k in keep[s]] for s in members}
+    y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
     timing = {"detect and load": time.perf_counter() - clock}
     p = fit_park(
         members["train"],
