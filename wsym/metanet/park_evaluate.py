@@ -59,10 +59,11 @@ def read_park(zoos, caps: dict[str, int] | None = None):
     A zoo without a ``val`` split lends every 5th training member to it; members
     with non-finite weights (diverged in training) are left out.
     """
-    specs, out = {}, {s: [] for s in SPLITS}
+    out, seen = {s: [] for s in SPLITS}, set()
     ys = {s: {t: [] for t in TARGETS} for s in SPLITS}
     for zoo in zoos:
         x = zoo.example_inputs()
+        specs = zoo.__dict__.setdefault("_park_specs", {})  # shared with park_fit.zoo_members
         has_val = any(r["split"] == "val" for r in zoo.table)
         rows = {s: [] for s in SPLITS}
         for r in zoo.table:
@@ -75,13 +76,14 @@ def read_park(zoos, caps: dict[str, int] | None = None):
                 arch = json.dumps(r["architecture"], sort_keys=True)
                 if arch not in specs:
                     specs[arch] = detect(zoo.model(r["id"]), x)
+                seen.add((id(zoo), arch))
                 family, sd = r["architecture"]["name"], zoo.state_dict(r["id"])
                 if not is_finite(sd):  # diverged in training: no weights to read
                     continue
                 out[split].append((specs[arch], sd, family))
                 for t in TARGETS:
                     ys[split][t].append(float(r[t]))
-    return out, ys, len(specs)
+    return out, ys, len(seen)
 
 
 def check_names(names) -> None:

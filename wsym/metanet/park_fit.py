@@ -170,17 +170,7 @@ def _joint_inputs(net, graphs, batch_size: int = 64) -> torch.Tensor:
 def _fit_joint(net, graphs, z, val_graphs, z_val, c: FitConfig, seed: int) -> float:
     """Train ``net.joint`` on the statistics and the frozen graph readout; its validation tau."""
     x, x_val = _joint_inputs(net, graphs), _joint_inputs(net, val_graphs)
-    tau, _ = train_statistics(
-        net.joint,
-        x,
-        z.float(),
-        x_val,
-        z_val,
-        epochs=c.stat_epochs,
-        patience=c.stat_patience,
-        lr=c.stat_lr,
-        seed=seed,
-    )
+    tau, _ = train_statistics(net.joint, x, z.float(), x_val, z_val, c, seed)
     net.joint.requires_grad_(False)
     return tau
 
