@@ -43,6 +43,7 @@ def test_train_on_a_park_fits_one_network_for_its_architectures(park, tmp_path, 
     assert "one network, every park architecture" in card and "--max-members 12" in card
     zoo = load(park)
     r = next(r for r in zoo.table if r["split"] == "test_arch")
+    p.example_inputs = zoo.example_inputs()  # to detect an architecture it was not given
     y = p.predict((zoo.model(r["id"]), zoo.state_dict(r["id"])))
     assert y.isfinite().all()
 
@@ -70,9 +71,7 @@ def test_eval_on_a_park_ablates_the_branches_and_says_where_the_time_went(
         assert rows[name]["invariance"] <= 1e-5
     assert rows["StatNN per layer, padded"]["invariance"] > 1e-3  # raw weights: not invariant
     timing = report["timing"]
-    assert {"detect and load", "invariant graphs", "wsym park metanet: graph branch"} <= set(
-        timing
-    )
+    assert {"detect and load", "invariant graphs", "wsym park metanet: graph branch"} <= set(timing)
     assert sum(v for k, v in timing.items() if k != "total") <= timing["total"] + 1e-6
     assert err.strip().splitlines()[-1].startswith(f"time {timing['total']:.0f}s: ")
 

@@ -42,8 +42,8 @@ PARK_ROW = PREDICTORS["park"]
 
 
 def is_park(zoo) -> bool:
-    """Whether the zoo's members are of more than one architecture."""
-    return len({json.dumps(r["architecture"], sort_keys=True) for r in zoo.table}) > 1
+    """Whether the zoo's members are of more than one architecture (a population: no)."""
+    return len({json.dumps(r.get("architecture"), sort_keys=True) for r in zoo.table}) > 1
 
 
 def caps_for(train: int | None) -> dict[str, int] | None:

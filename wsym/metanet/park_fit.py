@@ -6,7 +6,10 @@ statistics branch on the bucketed statistics, then the graph branch, and with
 ``branches="both"`` their combination: ``combine="blend"`` trains the graph
 branch on its own and picks the weight of the two on the validation members
 (from :data:`BLENDS`); ``"residual"`` trains it on the frozen statistics
-branch's residual and keeps it only where it raises the validation Kendall tau.
+branch's residual and keeps it only where it raises the validation Kendall tau;
+``"joint"`` trains the graph branch on its own, then a second statistics
+ensemble on the statistics and the graph branch's frozen readout, and weighs
+that against the statistics branch on the validation members.
 One branch alone: ``"stats"``, ``"graph"``. Targets are
 standardized (``target_transform="standard"``) or first mapped to their
 normal scores (``"rank"``: the rank-based inverse normal transform, robust
@@ -78,7 +81,7 @@ def fit_park(
         target_names: names of the target columns (stored with the predictor).
         seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"`` or ``"residual"`` (see the module doc).
+        combine: ``"blend"``, ``"residual"`` or ``"joint"`` (see the module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
         stat_readout: the graph branch's readout also reads the statistics
             (:class:`~wsym.metanet.park.ParkNet`).
