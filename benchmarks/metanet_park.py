@@ -26,8 +26,12 @@ whole group (one test member per family), fit seconds, graphs/s.
 ``--cap-train N``: at most N train, N/4 val, N/2 test members per zoo (a seeded
 subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke run).
 ``--study``: the park metanet alone, seed 0, under each change of :data:`STUDY`
-(message-passing depth, width, target normalization, training budget): test tau
-of its statistics branch, its graph branch and the blend.
+(message-passing depth, width, target normalization, training budget, the
+joint readout): test tau of its statistics branch, its graph branch and the
+combination; ``--study-rows`` picks rows by label (comma list; labels hold no
+comma). ``--combine joint`` and ``--stat-readout`` configure the park metanet
+(:mod:`wsym.metanet.park`); the fits and tables are
+:mod:`wsym.metanet.park_evaluate`'s, as ``wsym metanet eval`` on a park.
 """
 
 from __future__ import annotations
