@@ -136,3 +136,43 @@ def test_bad_members_raise_one_line_errors(detected):
     with pytest.raises(WsymInputError, match="branches"):
         ParkNet(branches="neither")
     del cnn
+
+
+def test_graph_readout_of_the_statistics_stays_invariant_and_is_saved(detected, tmp_path):
+    members = _members(detected, copies=2)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(members, y, epochs=1, stat_epochs=2, hidden=8, members=2, stat_readout=True)
+    torch.manual_seed(1)
+    torch.nn.init.normal_(p.net.head[-1].weight)  # the graph branch contributes
+    p.double().net.branches = "graph"
+    spec, sd = members[-1]  # the transformer: GL and translation groups
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(3,)) <= 1e-5
+    assert_sensitive(fn, spec, sd, min_change=1e-8)
+    without = ParkNet(hidden=8, stat_readout=False).head[0].in_features
+    assert p.net.head[0].in_features == without + STAT_WIDTH
+    p.net.branches = "both"
+    p.save(tmp_path / "readout.safetensors")
+    q = load(tmp_path / "readout.safetensors")
+    assert q.net.stat_readout  # the file says so: the same network comes back
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+def test_joint_combination_reads_the_graph_readout_invariantly_and_is_saved(detected, tmp_path):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="joint")
+    rep = p.config["report"]
+    assert {"joint_val_tau", "graph_weight"} <= set(rep)
+    p.net.graph_weight.fill_(1.0)  # the joint ensemble alone
+    p.double()
+    spec, sd = members[-1]  # the transformer
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(4,)) <= 1e-5
+    assert_sensitive(fn, spec, sd, min_change=1e-8)
+    x = p.net.joint_inputs(batch_graphs(p.graphs(members[:2])))
+    assert x.shape[1] == p.net.joint.members[0][1].in_features > STAT_WIDTH
+    assert x[:, STAT_WIDTH:].abs().sum() > 0  # the readout is there
+    p.save(tmp_path / "joint.safetensors")
+    q = load(tmp_path / "joint.safetensors")
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)

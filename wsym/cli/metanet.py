@@ -5,6 +5,8 @@
   + JSON config) and a model card ``FILE`` with ``.md`` (zoo, split, tau).
 * ``metanet eval --zoo DIR``: the comparison table of every predictor (Kendall
   tau, R^2 over seeds, invariance), ``--plot PNG`` for predicted vs true gap.
+* on a park zoo (members of several architectures) both fit and evaluate the
+  universal meta-network instead (:mod:`wsym.cli.metanet_park`);
 * ``predict --checkpoint FILE``: predicted generalization gap of one checkpoint,
   with the shipped meta-network by default (``--metanet`` to use another).
 
@@ -46,6 +48,8 @@ examples:
   wsym metanet train --zoo data/zoos/mnist1d-mlp --out models/metanet-mnist1d-mlp.safetensors
   wsym metanet eval --zoo data/zoos/mnist1d-mlp --seeds 3 --plot gap.png
   wsym metanet eval --zoo data/zoos/mnist1d-mlp --transfer train_size --json
+  wsym metanet train --zoo data/zoos/mnist1d-park --out park.safetensors --epochs 30
+  wsym metanet eval --zoo data/zoos/mnist1d-park --predictors park,statnn --max-members 200
 """
 _PREDICT_EXAMPLE = """\
 examples:
@@ -82,10 +86,11 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--seeds", type=int, default=3, help="seeds per predictor (default 3)")
     ev.add_argument(
         "--predictors",
-        default=PREDICTORS,
-        help=f"comma list of: {PREDICTORS}, sharpness:MEASURE (adaptive, geodesic-mix, fisher, "
-        "hessian-trace, ...)",
+        help=f"comma list of: {PREDICTORS} (the default), sharpness:MEASURE (adaptive, "
+        "geodesic-mix, fisher, hessian-trace, ...); on a park zoo: park, residual, ng, statnn, "
+        "statnn-canonical, per-arch (default park,statnn,statnn-canonical)",
     )
+    ev.add_argument("--target", default="gap", help="target column (default gap)")
     ev.add_argument("--transfer", metavar="KEY", help="train on low KEY values, test on high")
     _add_network_options(ev)
     ev.add_argument("--plot", metavar="PNG", help="scatter plot of predicted vs true gap")
@@ -103,6 +108,12 @@ def add_commands(commands: Any) -> None:
 
 
 def _add_network_options(parser: Any) -> None:
+    parser.add_argument(
+        "--max-members",
+        type=int,
+        metavar="N",
+        help="park zoos: at most N train, N/4 val, N/2 test members (seeded subsample)",
+    )
     parser.add_argument("--epochs", type=int, default=60, help="largest epoch count (default 60)")
     parser.add_argument(
         "--patience", type=int, default=15, help="epochs without a better val tau (default 15)"
@@ -114,7 +125,16 @@ def _network_options(args: argparse.Namespace) -> dict:
     for key in ("epochs", "patience", "hidden"):
         if getattr(args, key) < 1:
             raise WsymInputError(f"--{key} must be >= 1, got {getattr(args, key)}")
+    if args.max_members is not None and args.max_members < 4:
+        raise WsymInputError(f"--max-members must be >= 4, got {args.max_members}")
     return {"epochs": args.epochs, "patience": args.patience, "hidden": args.hidden}
+
+
+def _single_architecture(args: argparse.Namespace) -> None:
+    if args.max_members is not None:
+        raise WsymInputError(
+            "--max-members is for park zoos (several architectures); drop it for this zoo"
+        )
 
 
 def _check_out(path: str) -> Path:
@@ -130,14 +150,19 @@ def run_train(args: argparse.Namespace) -> int:
     """``wsym metanet train``."""
     import torch
 
+    from wsym.cli.metanet_park import train_park
     from wsym.detect import detect
     from wsym.io.progress import Progress
     from wsym.metanet import fit, kendall_tau
     from wsym.metanet.evaluate import zoo_splits
+    from wsym.metanet.park_evaluate import is_park
 
     out = _check_out(args.out)
     options = _network_options(args)
     zoo = open_zoo(args.zoo)
+    if is_park(zoo):
+        return train_park(args, zoo, out, options)
+    _single_architecture(args)
     ids = zoo_splits(zoo)
     gap = {r["id"]: float(r["gap"]) for r in zoo.table}
     spec = detect(zoo.model(zoo.table[0]["id"]), zoo.example_inputs())
@@ -282,8 +307,16 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise WsymInputError(f"--seeds must be >= 1, got {args.seeds}")
     zoo = open_zoo(args.zoo)
-    names = tuple(n.strip() for n in args.predictors.split(",") if n.strip())
     options = _network_options(args)
+    from wsym.metanet.park_evaluate import is_park
+
+    if is_park(zoo):
+        from wsym.cli.metanet_park import eval_park
+
+        return eval_park(args, zoo, options)
+    _single_architecture(args)
+    predictors = args.predictors or PREDICTORS
+    names = tuple(n.strip() for n in predictors.split(",") if n.strip())
     if "metanet" in names:
         from wsym.detect import detect
         from wsym.metanet.evaluate import zoo_splits
@@ -295,6 +328,7 @@ def run_eval(args: argparse.Namespace) -> int:
         zoo,
         predictors=names,
         seeds=tuple(range(args.seeds)),
+        target=args.target,
         split_key=args.transfer,
         metanet_options=options,
         progress=True,

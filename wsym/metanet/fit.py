@@ -224,17 +224,7 @@ def statistics_stage(net, x, z, x_val, z_val, c: FitConfig, seed: int) -> tuple:
     start = time.perf_counter()
     tau, taus = float("nan"), {}
     if x is not None:
-        tau, taus = _train_statistics(
-            net.stats,
-            x,
-            z,
-            x_val,
-            z_val,
-            epochs=c.stat_epochs,
-            patience=c.stat_patience,
-            lr=c.stat_lr,
-            seed=seed,
-        )
+        tau, taus = train_statistics(net.stats, x, z, x_val, z_val, c, seed)
     seconds = time.perf_counter() - start
     nn.init.zeros_(net.head[-1].weight)
     nn.init.zeros_(net.head[-1].bias)
@@ -275,11 +265,13 @@ def split_validation(graphs, y, validation, val_graphs, read, val_fraction: floa
     return graphs, y, val_graphs, y_val
 
 
-def _train_statistics(branch, x, z, x_val, z_val, *, epochs, patience, lr, seed):
+def train_statistics(branch, x, z, x_val, z_val, c: FitConfig, seed: int):
     """Stage 1: quantile knots, each perceptron, the trees, the blend; validation taus.
 
+    ``c``'s ``stat_epochs``, ``stat_patience`` and ``stat_lr`` for every perceptron.
     Returns the branch's validation tau and ``{blend: validation tau}`` over the grid.
     """
+    epochs, patience, lr = c.stat_epochs, c.stat_patience, c.stat_lr
     dtype = branch.normal.knots.dtype
     branch.normal.fit(x.to(dtype))
     with torch.no_grad():

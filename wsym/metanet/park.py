@@ -13,8 +13,13 @@ per-tensor statistics ``stat_x``. ``branches`` picks ``"both"``, ``"stats"`` or
 ``"graph"``; two branches are combined by ``combine``: ``"blend"``
 (:math:`(1 - \beta)\,s + \beta\,g`, each branch trained on its own and the
 weight :math:`\beta`, buffer ``graph_weight``, chosen on the validation
-members) or ``"residual"`` (:math:`s + g`, the graph branch trained on the
-frozen statistics branch's residual, as :func:`wsym.metanet.fit`).
+members), ``"residual"`` (:math:`s + g`, the graph branch trained on the
+frozen statistics branch's residual, as :func:`wsym.metanet.fit`) or
+``"joint"`` (:math:`(1 - \beta)\,s + \beta\,j`: a second statistics ensemble
+:math:`j`, ``joint``, on the statistics *and* the graph branch's frozen
+message-passing readout :meth:`ParkNet.embed`, trained after the graph branch
+as long as the statistics branch is: the readout's features get a readout as
+well trained as the statistics').
 
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
@@ -65,7 +70,7 @@ from wsym.metanet.universal import (
 
 PARK_FORMAT = "park-1"
 BRANCHES = ("both", "stats", "graph")
-COMBINE = ("blend", "residual")
+COMBINE = ("blend", "residual", "joint")
 
 
 class ParkNet(nn.Module):
@@ -76,7 +81,9 @@ class ParkNet(nn.Module):
         stat_hidden, members: the statistics branch's width and ensemble size.
         trees: boosting stages of the trees blended into the statistics branch (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"`` or ``"residual"`` (how two branches are combined).
+        combine: ``"blend"``, ``"residual"`` or ``"joint"`` (how two branches are combined).
+        stat_readout: the graph branch's readout also reads the quantile-normalized
+            statistics (a shared readout: message passing adds to what they say).
     """
 
     def __init__(
@@ -89,27 +96,31 @@ class ParkNet(nn.Module):
         branches: str = "both",
         trees: int = 0,
         combine: str = "blend",
+        stat_readout: bool = False,
     ):
         super().__init__()
         if branches not in BRANCHES:
             raise WsymInputError(f"branches must be one of {', '.join(BRANCHES)}, got {branches!r}")
         if combine not in COMBINE:
             raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
-        self.branches, self.combine = branches, combine
+        self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
         self.register_buffer("graph_weight", torch.tensor(0.5))
         self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
         self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
         pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
-        self.head = mlp(pooled, hidden, outputs)
+        self.head = mlp(pooled + (STAT_WIDTH if stat_readout else 0), hidden, outputs)
         self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
+        if combine == "joint":
+            self.joint = StatisticsEnsemble(STAT_WIDTH + pooled, stat_hidden, members, outputs)
 
     def fit_inputs(self, batch) -> None:
         """Per-role standardization of the raw features from the training graphs."""
         self.node_enc.fit(batch.node_x.float(), torch.zeros_like(batch.node_group))
         self.attr_enc.fit(batch.attr_x.float(), batch.attr_role)
         self.edge_enc.fit(batch.edge_x.float(), batch.edge_role)
+        self.stats.normal.fit(batch.stat_x.to(self.stats.normal.knots.dtype))
 
     def forward(self, batch) -> Tensor:
         """``(B, outputs)``: the branches in use, blended or added."""
@@ -117,14 +128,31 @@ class ParkNet(nn.Module):
             return self.stats(batch.stat_x)
         if self.branches == "graph":
             return self.graph_branch(batch)
-        g, s = self.graph_branch(batch), self.stats(batch.stat_x)
+        s = self.stats(batch.stat_x)
+        g = (
+            self.joint(self.joint_inputs(batch))
+            if self.combine == "joint"
+            else self.graph_branch(batch)
+        )
         if self.combine == "residual":
             return g + s
         beta = self.graph_weight.to(g.dtype)
         return (1 - beta) * s.to(g.dtype) + beta * g
 
+    def joint_inputs(self, batch) -> Tensor:
+        """``(B, STAT_WIDTH + readout)``: the statistics and the message-passing readout."""
+        knots = self.stats.normal.knots.dtype
+        return torch.cat([batch.stat_x.to(knots), self.embed(batch).to(knots)], dim=1)
+
     def graph_branch(self, batch) -> Tensor:
         """``(B, outputs)`` the message-passing branch alone."""
+        pooled = [self.embed(batch)]
+        if self.stat_readout:
+            pooled.append(self.stats.normal(batch.stat_x.to(self.stats.normal.knots.dtype)))
+        return self.head(torch.cat([t.to(pooled[0].dtype) for t in pooled], dim=1))
+
+    def embed(self, batch) -> Tensor:
+        """``(B, readout)``: mean and max of each node group, mean per edge role, descriptors."""
         dtype = self.head[0].weight.dtype
         n, b = batch.num_nodes, batch.num_graphs
         h = self.node_enc(batch.node_x.to(dtype), torch.zeros_like(batch.node_group))
@@ -140,7 +168,7 @@ class ParkNet(nn.Module):
         roles = batch.batch[batch.edge_index[1]] * len(EDGE_ROLES) + batch.edge_role
         edges = scatter(e, roles, 0, dim_size=b * len(EDGE_ROLES), reduce="mean")
         pooled = [mean.view(b, -1), top.view(b, -1), edges.view(b, -1), batch.graph_x.to(dtype)]
-        return self.head(torch.cat(pooled, dim=1))
+        return torch.cat(pooled, dim=1)
 
 
 _KEYS: dict[int, tuple[SymmetrySpec, str]] = {}
@@ -309,6 +337,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config["branches"],
         config.get("trees", 0),
         config.get("combine", "blend"),
+        config.get("stat_readout", False),
     )
 
 

@@ -50,6 +50,7 @@ class ParkMetanet:
 
     ``cache``: a dict shared between instances with the same ``canonical`` and
     ``products`` (across seeds and branches), so graphs are prepared once.
+    ``on_epoch``: the progress hook of :func:`~wsym.metanet.park_fit.fit_park` (settable).
     """
 
     def __init__(
@@ -61,7 +62,7 @@ class ParkMetanet:
         **options,
     ):
         self.branches, self.canonical, self.products = branches, canonical, products
-        self.options, self.predictor = options, None
+        self.options, self.predictor, self.on_epoch = options, None, None
         self.claims = "each member's whole group" if canonical else "permutation"
         reader = ParkPredictor(ParkNet(1, 0), {}, {})  # reads graphs only
 
@@ -90,6 +91,7 @@ class ParkMetanet:
             branches=self.branches,
             graphs=self.graphs(members),
             val_graphs=self.graphs(val_members),
+            on_epoch=self.on_epoch,
             **self.options,
         )
 

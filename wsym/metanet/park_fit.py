@@ -6,7 +6,10 @@ statistics branch on the bucketed statistics, then the graph branch, and with
 ``branches="both"`` their combination: ``combine="blend"`` trains the graph
 branch on its own and picks the weight of the two on the validation members
 (from :data:`BLENDS`); ``"residual"`` trains it on the frozen statistics
-branch's residual and keeps it only where it raises the validation Kendall tau.
+branch's residual and keeps it only where it raises the validation Kendall tau;
+``"joint"`` trains the graph branch on its own, then a second statistics
+ensemble on the statistics and the graph branch's frozen readout, and weighs
+that against the statistics branch on the validation members.
 One branch alone: ``"stats"``, ``"graph"``. Targets are
 standardized (``target_transform="standard"``) or first mapped to their
 normal scores (``"rank"``: the rank-based inverse normal transform, robust
@@ -15,6 +18,9 @@ are then monotone in the targets' ranks, which is what Kendall tau reads).
 """
 
 from __future__ import annotations
+
+import random
+import time
 
 import torch
 
@@ -25,6 +31,7 @@ from wsym.metanet.fit import (
     graph_stage,
     split_validation,
     statistics_stage,
+    train_statistics,
 )
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.metrics import kendall_tau
@@ -55,10 +62,12 @@ def fit_park(
     branches: str = "both",
     combine: str = "blend",
     target_transform: str = "standard",
+    stat_readout: bool = False,
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
     config: FitConfig | None = None,
+    on_epoch=None,
     **options,
 ) -> ParkPredictor:
     """Train one meta-network on ``checkpoints`` of any architectures.
@@ -72,12 +81,15 @@ def fit_park(
         target_names: names of the target columns (stored with the predictor).
         seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"`` or ``"residual"`` (see the module doc).
+        combine: ``"blend"``, ``"residual"`` or ``"joint"`` (see the module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
+        stat_readout: the graph branch's readout also reads the statistics
+            (:class:`~wsym.metanet.park.ParkNet`).
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
         config: the hyperparameters (:class:`~wsym.metanet.fit.FitConfig`).
+        on_epoch: progress hook ``on_epoch(epoch, epochs, val_tau)`` of the graph branch.
         **options: fields of :class:`~wsym.metanet.fit.FitConfig` replacing those of ``config``.
     """
     c = FitConfig.of(config, options)
@@ -100,14 +112,17 @@ def fit_park(
         "trees": c.trees,
         "combine": combine,
         "target_transform": target_transform,
+        "stat_readout": stat_readout,
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
     p = ParkPredictor(net, predictor.specs if predictor else {}, meta, example_inputs)
+    start = time.perf_counter()
     graphs = p.graphs(checkpoints) if graphs is None else list(graphs)
     graphs, y, val_graphs, y_val = split_validation(
         graphs, y, validation, val_graphs, p.graphs, c.val_fraction, seed
     )
+    graph_seconds = time.perf_counter() - start
     # rank: train on normal scores, report in standardized units of those scores
     z = normal_scores(y) if target_transform == "rank" else y
     mean, std = z.mean(0), z.std(0).clamp(min=1e-12)
@@ -121,15 +136,19 @@ def fit_park(
         # validation targets on the training scale only matter for ranking (tau)
         z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
     stat_tau, _, stat_seconds = statistics_stage(net, x, z.float(), x_val, z_val, c, seed)
-    blend = branches == "both" and combine == "blend"
+    blend = branches == "both" and combine in ("blend", "joint")
     if blend:
         net.branches = "graph"  # trained on its own, then weighed against the statistics
     epochs = c.epochs if branches != "stats" else 0
-    report = graph_stage(p, graphs, z, val_graphs, y_val, c, seed, epochs=epochs)
-    report.update(statistics_val_tau=stat_tau, statistics_seconds=stat_seconds)
+    report = graph_stage(p, graphs, z, val_graphs, y_val, c, seed, epochs=epochs, on_epoch=on_epoch)
+    report.update(
+        statistics_val_tau=stat_tau, statistics_seconds=stat_seconds, graph_seconds=graph_seconds
+    )
     if blend:
         net.branches = "both"
         report["graph_val_tau"] = report["val_tau"]
+        if combine == "joint":
+            report["joint_val_tau"] = _fit_joint(net, graphs, z, val_graphs, z_val, c, seed)
         report["blend_val_taus"] = taus = {}
         for beta in BLENDS:
             net.graph_weight.fill_(beta)
@@ -139,6 +158,24 @@ def fit_park(
         report.update(graph_weight=best, val_tau=taus[best])
     meta["report"] = report
     return p
+
+
+@torch.no_grad()
+def _joint_inputs(net, graphs, batch_size: int = 64) -> torch.Tensor:
+    net.eval()
+    parts = [
+        net.joint_inputs(batch_graphs(graphs[i : i + batch_size]))
+        for i in range(0, len(graphs), batch_size)
+    ]
+    return torch.cat(parts)
+
+
+def _fit_joint(net, graphs, z, val_graphs, z_val, c: FitConfig, seed: int) -> float:
+    """Train ``net.joint`` on the statistics and the frozen graph readout; its validation tau."""
+    x, x_val = _joint_inputs(net, graphs), _joint_inputs(net, val_graphs)
+    tau, _ = train_statistics(net.joint, x, z.float(), x_val, z_val, c, seed)
+    net.joint.requires_grad_(False)
+    return tau
 
 
 def _first(y: torch.Tensor) -> torch.Tensor:
@@ -161,15 +198,49 @@ def zoo_members(zoo, ids) -> list:
     return out
 
 
-def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[ParkPredictor, dict]:
+def is_finite(sd: dict) -> bool:
+    """Whether every floating tensor of ``sd`` is finite (a diverged member is not)."""
+    return all(
+        bool(torch.isfinite(v).all())
+        for v in sd.values()
+        if torch.is_tensor(v) and v.is_floating_point()
+    )
+
+
+def capped(ids: dict[str, list], caps: dict[str, int] | None) -> dict[str, list]:
+    """At most ``caps[split]`` of each split's entries (a seeded subsample, order kept)."""
+    out = dict(ids)
+    for s, cap in (caps or {}).items():
+        v = out.get(s, [])
+        keep = sorted(random.Random(0).sample(range(len(v)), min(cap, len(v))))
+        out[s] = [v[i] for i in keep]
+    return out
+
+
+def zoo_ids(zoo, caps: dict[str, int] | None = None) -> dict[str, list[int]]:
+    """``{split: member ids}`` of :data:`SPLITS` (capped by ``caps``: a seeded subsample)."""
+    return capped({s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}, caps)
+
+
+def fit_zoo(
+    zoo, *, target: str = "gap", seed: int = 0, ids: dict | None = None, **options
+) -> tuple[ParkPredictor, dict]:
     """Fit on a zoo's ``train`` split (``val`` for early stopping); it knows every architecture.
 
+    ``ids``: the members of each split (default :func:`zoo_ids`, every member);
+    members with non-finite weights (diverged in training) are left out.
     Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
-    (the held-out members and architectures; absent splits left out).
+    (the held-out members and architectures; absent splits left out). Its
+    ``config["card"]`` has the split sizes, the taus and ``timing`` (seconds per stage).
     """
-    ids = {s: [r["id"] for r in zoo.table if r["split"] == s] for s in SPLITS}
-    y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
+    clock = time.perf_counter()
+    ids = zoo_ids(zoo) if ids is None else ids
     members = {s: zoo_members(zoo, v) for s, v in ids.items()}
+    keep = {s: [k for k, (_, sd) in enumerate(m) if is_finite(sd)] for s, m in members.items()}
+    ids = {s: [ids[s][k] for k in keep[s]] for s in ids}  # diverged members left out
+    members = {s: [members[s][k] for k in keep[s]] for s in members}
+    y = {s: [float(zoo.row(i)[target]) for i in v] for s, v in ids.items()}
+    timing = {"detect and load": time.perf_counter() - clock}
     p = fit_park(
         members["train"],
         y["train"],
@@ -178,6 +249,15 @@ def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[Park
         seed=seed,
         **options,
     )
+    rep = p.config["report"]
+    timing.update(
+        {
+            "invariant graphs": rep["graph_seconds"],
+            "statistics branch": rep["statistics_seconds"],
+            "graph branch": rep["train_seconds"],
+        }
+    )
+    start = time.perf_counter()
     for spec, _ in members["test"] + members["test_arch"]:
         p.add_architecture(spec)
     taus = {
@@ -185,8 +265,45 @@ def fit_zoo(zoo, *, target: str = "gap", seed: int = 0, **options) -> tuple[Park
         for s in ("test", "test_arch")
         if len(ids[s]) > 1
     }
-    p.config["card"] = {"splits": {s: len(v) for s, v in ids.items()}, "test_tau": taus}
+    timing["scoring"] = time.perf_counter() - start
+    timing["total"] = time.perf_counter() - clock
+    splits = {s: len(v) for s, v in ids.items()}
+    p.config["card"] = {"splits": splits, "test_tau": taus, "timing": timing}
     return p, taus
+
+
+def park_card(p: ParkPredictor, zoo: str, command: str) -> str:
+    """A short markdown model card of a :func:`fit_zoo` predictor."""
+    rep, c = p.config["report"], p.config
+    splits, taus = c["card"]["splits"], c["card"]["test_tau"]
+    seconds = c["card"]["timing"]["total"]
+    lines = [
+        f"# Meta-network: {c['targets'][0]} on `{zoo}` (one network, every park architecture)",
+        "",
+        f"- architectures known: {len(p.schemas)} (every architecture of the zoo, held-out ones "
+        "included)",
+        f"- training: {splits['train']} train / {splits['val']} val members, seed {rep['seed']}, "
+        f"best graph epoch {rep['best_epoch']} of {rep['epochs_run']}, {seconds:.0f}s on CPU",
+        f"- held-out members ({splits['test']}): Kendall tau {taus.get('test', float('nan')):.3f}",
+        f"- held-out architectures ({splits['test_arch']}): Kendall tau "
+        f"{taus.get('test_arch', float('nan')):.3f}",
+        f"- validation Kendall tau: statistics branch {rep['statistics_val_tau']:.3f}, graph "
+        f"branch alone {rep.get('graph_val_tau', float('nan')):.3f}, blended "
+        f"{rep['val_tau']:.3f} (graph weight {rep.get('graph_weight', 1.0)}, chosen on the "
+        "validation members)",
+        f"- network: universal role-featured graphs, {c['layers']} message-passing layers, "
+        f"width {c['hidden']}"
+        + (", readout also reads the statistics" if c.get("stat_readout") else "")
+        + f"; statistics branch {c['members']} perceptrons"
+        + (f" + {c['trees']} boosted trees" if c.get("trees") else ""),
+        "- invariant to each member's whole symmetry group (canonical forms + message passing)",
+        "- bare checkpoints are matched to the known architectures by tensor names and shapes; "
+        "where several share them (MLPs differing only in the activation) the prediction is "
+        "the mean over those",
+        f"- command: `{command}`",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 SPLITS = ("train", "val", "test", "test_arch")
