@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from wsym.group.layout import block_plan, class_params, gather
+from wsym.group.layout import block_at, block_plan, class_params, gather
 from wsym.group.layout import plan_leaves as _plan_leaves
 from wsym.group.memo import derived
 from wsym.group.spec import Group, SymmetrySpec
@@ -21,8 +21,8 @@ from wsym.group.spec import Group, SymmetrySpec
 def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
     """Leaf-level blocks ``(block, leaves)`` holding an axis of class ``cls`` (only those read).
 
-    Which blocks those are is found once per spec; a block is then one view of its
-    tensor (no axis concatenated) or one gather by the plan's indices.
+    Which blocks those are is found once per spec; each is read by
+    :func:`~wsym.group.layout.block_at`.
     """
 
     def where():
@@ -32,15 +32,10 @@ def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = F
             out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
         return tuple(out)
 
-    blocks = []
-    for p, b in derived(spec, ("class_blocks", cls, with_buffers), where):
-        plan = block_plan(spec, p)
-        if isinstance(plan, tuple):
-            blocks.append((sd[p].reshape(plan[0]), list(plan[1])))
-        else:
-            idx, lv = plan[b]
-            blocks.append((sd[p].reshape(-1)[idx], lv))
-    return blocks
+    return [
+        block_at(spec, p, sd[p], b)
+        for p, b in derived(spec, ("class_blocks", cls, with_buffers), where)
+    ]
 
 
 def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
