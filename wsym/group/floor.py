@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 ULPS = 4  # relative weight noise, in float64 units in the last place
+PERIOD = 65521  # the perturbations' table (a prime)
 FACTOR = 1e3  # a group moving outputs more than FACTOR x the floor is false
 EPS64 = torch.finfo(torch.float64).eps
 
@@ -43,12 +44,32 @@ def perturbed_state(state: dict, gen: torch.Generator) -> dict:
     """``state`` with every float entry multiplied by ``1 + r eps``, ``r ~ U(-ULPS, ULPS)``.
 
     ``eps`` is the entry's own machine epsilon (float32 probes get float32 noise).
+    The draws come from one table of :data:`PERIOD` values, read from a random
+    offset per tensor and repeated along it: drawing one number per weight cost
+    as much as a forward pass on parameter-heavy models. The period is prime, so
+    no row or channel of a weight repeats another's pattern unless it is
+    ``PERIOD`` entries long.
     """
+    tables = {}
     out = {}
     for k, v in state.items():
-        if torch.is_tensor(v) and v.is_floating_point():
-            r = torch.empty(v.shape, dtype=v.dtype).uniform_(-ULPS, ULPS, generator=gen)
-            v = v * (1 + r * torch.finfo(v.dtype).eps)
+        if torch.is_tensor(v) and v.is_floating_point() and v.numel():
+            if v.dtype not in tables:
+                r = torch.empty(2 * PERIOD, dtype=v.dtype).uniform_(-ULPS, ULPS, generator=gen)
+                tables[v.dtype] = r.mul_(torch.finfo(v.dtype).eps).add_(1)
+            table = tables[v.dtype]
+            start = int(torch.randint(PERIOD, (1,), generator=gen))
+            flat = v.reshape(-1)
+            n = flat.numel()
+            whole = n // PERIOD * PERIOD
+            moved = torch.empty_like(flat)
+            torch.mul(
+                flat[:whole].view(-1, PERIOD),
+                table[start : start + PERIOD],
+                out=moved[:whole].view(-1, PERIOD),
+            )
+            torch.mul(flat[whole:], table[start : start + n - whole], out=moved[whole:])
+            v = moved.view(v.shape)
         out[k] = v
     return out
 

@@ -9,6 +9,13 @@ where biases dominate). The tolerance is calibrated per model:
 :data:`~wsym.group.floor.FACTOR` times the model's own numerical floor
 (:mod:`wsym.group.floor`), so a group that moves outputs 1e3x above what round-off
 does is rejected even if the change is tiny in absolute terms.
+
+Detection's group testing (:func:`screen`) runs the fresh inputs in float64 and
+the two regime probes in float32, each against its own float32 floor: what the
+regimes expose (a cap or a tail reached, a bias left unscaled) moves outputs by
+orders of magnitude, while the small breaks (an ``eps`` inside a normalization,
+which no input scale hides) are what float64 is needed for. :func:`verify`, the
+report a user asks for, runs every probe in float64.
 """
 
 from __future__ import annotations
@@ -104,6 +111,42 @@ class Probe:
             self._shared["state"] = {k: self._cast(v) for k, v in self._own.items()}
         return self._shared["state"]
 
+    def in_dtype(self, dtype) -> Probe:
+        """The same probe computing in ``dtype``: its inputs cast, states cast on each call.
+
+        It shares :attr:`generic` (the same dict, so the group elements and the
+        reference cache are the same), but keeps its own floors and perturbed weights.
+        """
+        other = copy.copy(self)
+        other.dtype = dtype
+
+        def cast(x):
+            return x.detach().to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x
+
+        other._cast = cast
+        other.args = tuple(cast(a) for a in self.args)
+        other.kwargs = {k: cast(v) for k, v in self.kwargs.items()}
+        other.extra = {k: cast(v) for k, v in self.extra.items()}
+        other._ref, other._floors, other._shared = (None, None), {}, {}
+        return other
+
+    def _converted(self, state: dict) -> dict:
+        """``state`` in the probe's dtype.
+
+        The last conversion is kept: one state is evaluated by several probes of a dtype.
+        """
+        if all(
+            v.dtype == self.dtype
+            for v in state.values()
+            if torch.is_tensor(v) and v.is_floating_point()
+        ):
+            return state
+        last = self._shared.get("converted", (None, None))
+        if last[0] is not state:
+            last = (state, {k: self._cast(v) for k, v in state.items()})
+            self._shared["converted"] = last
+        return last[1]
+
     def with_inputs(self, args: tuple, kwargs: dict) -> Probe:
         """The same probe on other inputs (sharing the state dicts)."""
         other = copy.copy(self)
@@ -143,7 +186,8 @@ class Probe:
         if key not in self._floors:
             if self._shared.get("perturbed", (None,))[0] is not state:
                 gen = torch.Generator().manual_seed(self.seed + 7)
-                self._shared["perturbed"] = (state, perturbed_state(state, gen))
+                own = self._converted(state)  # perturbed at the probe's own precision
+                self._shared["perturbed"] = (state, perturbed_state(own, gen))
             if self._shared.get("islands", True):  # unknown yet, or the model has some
                 islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
                 y1 = self(self._shared["perturbed"][1], mode=islands)
@@ -158,9 +202,11 @@ class Probe:
     def release(self) -> None:
         """Drop the perturbed weights the floor was measured at (one model copy)."""
         self._shared.pop("perturbed", None)
+        self._shared.pop("converted", None)
 
     def __call__(self, state: dict, mode=None) -> torch.Tensor:
         """Flattened float64 outputs at ``state`` (under a dispatch ``mode`` if given)."""
+        state = self._converted(state)
         with torch.no_grad(), eval_mode(self.model):
             with mode if mode is not None else _nothing():
                 out = functional_call(
@@ -204,15 +250,25 @@ def float64_probe(model: torch.nn.Module, example_inputs, seed: int = 0) -> Prob
     return probe
 
 
-def probes(probe: Probe) -> list[Probe]:
+def probes(probe: Probe, regimes=None) -> list[Probe]:
     """``probe`` and, for models with float inputs, the same on inputs scaled by 20 and 1/20.
 
     ``probe`` itself stands for its own scale (its reference outputs are kept).
+    ``regimes``, a dtype, computes the scaled probes in it (they share one
+    conversion of each state and one island check); the model's own dtype is
+    used where it cannot run in ``regimes``.
     """
     if not probe.scalable:
         return [probe]
+    other = probe
+    if regimes is not None and regimes != probe.dtype:
+        other = probe.in_dtype(regimes)
+        try:
+            other.reference(other.generic)
+        except RuntimeError:
+            other = probe
     return [
-        probe if f == probe.input_scale else probe.rescaled(f / probe.input_scale)
+        probe if f == probe.input_scale else other.rescaled(f / other.input_scale)
         for f in INPUT_SCALES
     ]
 
@@ -334,42 +390,53 @@ def screen(
     false one shows (:func:`verify` also measures at the model's own weights).
     A set passes if it moves the outputs by at most the tolerance on every probe
     (fresh, x20, x1/20 inputs); the element is drawn and applied once per set,
-    and the probe that failed last is tried first. The tolerance is
-    :data:`~wsym.group.floor.FACTOR` times the largest floor of the probes.
+    and the probe that failed last is tried first. A probe's tolerance is
+    :data:`~wsym.group.floor.FACTOR` times the largest floor of the probes that
+    compute in its dtype.
 
-    Cost: with ``k`` false groups among ``n``, about ``3 (2 + k log2 n)`` forward passes.
+    The fresh inputs run in the probe's dtype (float64); the x20 and x1/20 probes in
+    float32, against their own float32 floor (module docstring).
+
+    Cost: with ``k`` false groups among ``n``, about ``3 (2 + k log2 n)`` forward passes,
+    one in three of them in float64.
     For small models (:func:`~wsym.group.adversary.cheap`), the survivors are then tested
-    once more on inputs pushed towards a counterexample (:mod:`wsym.group.adversary`;
-    about 14 more passes).
+    once more in float64 on inputs pushed towards a counterexample
+    (:mod:`wsym.group.adversary`; about 14 more passes).
 
-    Returns per-group deviations (the largest deviation of the set that cleared
-    it) and the indices of groups that fail on their own.
+    Returns per-group deviations (the largest deviation, on the probes in the
+    finest dtype, of the set that cleared it) and the indices of groups that fail
+    on their own.
     """
-    all_probes = probes(probe)
-    floor = max(p.floor(p.generic) for p in all_probes)
-    probe.release()  # the perturbed copy of the weights is no longer needed
-    tol = FACTOR * floor
+    all_probes = probes(probe, regimes=torch.float32)
+    floors = [p.floor(p.generic) for p in all_probes]
+    for p in all_probes:
+        p.release()  # the perturbed copies of the weights are no longer needed
+    tols = {}
+    for p, f in zip(all_probes, floors, strict=True):
+        tols[p.dtype] = max(tols.get(p.dtype, 0.0), FACTOR * f)
+    checks = [(p, tols[p.dtype]) for p in all_probes]
     devs = [0.0] * len(spec.groups)
     failed: list[int] = []
-    _group_test(spec, all_probes, list(range(len(spec.groups))), seed, scale, tol, devs, failed)
+    _group_test(spec, checks, list(range(len(spec.groups))), seed, scale, devs, failed)
     alive = [i for i in range(len(spec.groups)) if i not in failed]
     if alive and probe.scalable and cheap(probe.model):  # a counterexample search on top
-        found = adversarial_inputs(all_probes[1], spec, alive, seed=seed + 1, scale=scale)
+        saturating = probe.rescaled(INPUT_SCALES[1] / probe.input_scale)
+        found = adversarial_inputs(saturating, spec, alive, seed=seed + 1, scale=scale)
         if found is not None:
             adv = probe.with_inputs(*found)
-            tol = max(tol, FACTOR * adv.floor(adv.generic))
+            tol = max(tols[probe.dtype], FACTOR * adv.floor(adv.generic))
             probe.release()
-            _group_test(spec, [adv], alive, seed + 1, scale, tol, devs, failed)
+            _group_test(spec, [(adv, tol)], alive, seed + 1, scale, devs, failed)
     return devs, sorted(failed)
 
 
-def _group_test(spec, all_probes, groups, seed, scale, tol, devs, failed) -> None:
-    """Bisect ``groups`` on ``all_probes``, recording into ``devs`` and ``failed``."""
+def _group_test(spec, checks, groups, seed, scale, devs, failed) -> None:
+    """Bisect ``groups`` on ``checks`` (probe, tolerance); records ``devs`` and ``failed``."""
     stack = [groups] if groups else []
     while stack:
         part = stack.pop()
-        d, all_probes = _worst(spec, all_probes, part, seed + len(part), scale, tol)
-        if d <= tol:
+        d, bad, checks = _worst(spec, checks, part, seed + len(part), scale)
+        if not bad:
             for i in part:
                 devs[i] = max(devs[i], d)
         elif len(part) == 1:
@@ -380,17 +447,22 @@ def _group_test(spec, all_probes, groups, seed, scale, tol, devs, failed) -> Non
             stack.extend([part[:half], part[half:]])
 
 
-def _worst(spec, all_probes: list[Probe], part, seed: int, scale, tol) -> tuple[float, list]:
-    """Largest deviation of ``part`` over the probes (stopping at the first above ``tol``).
+def _worst(spec, checks: list, part, seed: int, scale) -> tuple[float, bool, list]:
+    """Largest deviation of ``part`` over the probes, and whether one exceeds its tolerance.
 
-    Returns it with the probes reordered so that a failing probe comes first.
+    The deviation is the largest on the probes in the finest dtype, or the first
+    one above its tolerance (where the loop stops). Returns it with the checks
+    reordered so that a failing probe comes first.
     """
     g = sample(spec, seed=seed, scale=scale, groups=part, moving=True)
-    base = all_probes[0].generic
+    base = checks[0][0].generic
     moved = act(spec, g, base)
+    finest = min(torch.finfo(p.dtype).eps for p, _ in checks)
     worst = 0.0
-    for k, p in enumerate(all_probes):
-        worst = max(worst, relative(p(moved), p.reference(base)))
-        if worst > tol:
-            return worst, [p, *all_probes[:k], *all_probes[k + 1 :]]
-    return worst, all_probes
+    for k, (p, tol) in enumerate(checks):
+        d = relative(p(moved), p.reference(base))
+        if not d <= tol:
+            return d, True, [checks[k], *checks[:k], *checks[k + 1 :]]
+        if torch.finfo(p.dtype).eps == finest:
+            worst = max(worst, d)
+    return worst, False, checks

@@ -1,0 +1,61 @@
+"""Detection's group testing: float64 on fresh inputs, float32 on the regime probes.
+
+The regime probes (x20, x1/20) catch what moves outputs by orders of magnitude;
+the float64 probe catches the small breaks (an ``eps`` no input scale hides).
+Each half is shown to be needed: the false claim each catches passes the other.
+"""
+
+import torch
+from test_detect_activations import Act, _fake_scaling
+from torch import nn
+
+import wsym
+from wsym.group.elements import act, sample
+from wsym.group.floor import FACTOR, relative
+from wsym.group.verify import float64_probe, probes, screen
+
+
+def _passes(probe, spec, groups) -> bool:
+    """Whether one element of ``groups`` stays within ``probe``'s own calibrated tolerance."""
+    base = probe.generic
+    g = sample(spec, seed=3, scale=(0.1, 10.0), groups=groups, moving=True)
+    return relative(probe(act(spec, g, base)), probe.reference(base)) <= FACTOR * probe.floor(base)
+
+
+def test_regime_probes_compute_in_float32_and_fresh_inputs_in_float64():
+    model = Act(nn.ReLU())
+    kinds = [p.dtype for p in probes(float64_probe(model, torch.randn(5, 4)), torch.float32)]
+    assert kinds == [torch.float64, torch.float32, torch.float32]
+    assert [p.dtype for p in probes(float64_probe(model, torch.randn(5, 4)))] == [torch.float64] * 3
+
+
+def test_small_break_is_caught_in_float64_where_float32_cannot_see_it():
+    """A BatchNorm eps the spec's correction does not know: outputs move by ~1e-6."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    x = torch.randn(8, 4)
+    spec = wsym.detect(model, x)
+    ns = [i for i, g in enumerate(spec.groups) if g.kind == "norm_scaling"]
+    assert ns
+    model[1].eps *= 1.5  # the recorded corrections are now slightly wrong
+    fresh, *regimes = probes(float64_probe(model, x), torch.float32)
+    assert all(_passes(p, spec, ns) for p in regimes)  # float32 alone would keep it
+    assert not _passes(fresh, spec, ns)
+    _, failed = screen(spec, float64_probe(model, x))
+    assert set(ns) <= set(failed)
+
+
+def test_saturation_break_is_caught_by_the_float32_regime_probe():
+    """ReLU6 is linear on tiny inputs: a false scaling shows only at x20, grossly."""
+    torch.manual_seed(0)
+    model = Act(nn.ReLU6()).double()
+    x = 1e-3 * torch.randn(5, 4, dtype=torch.float64)
+    spec = wsym.detect(model, x)
+    perm = next(g for g in spec.groups if g.kind == "permutation")
+    fake = _fake_scaling(spec, perm.cls, ["a.weight", "a.bias", "b.weight"])
+    probe = float64_probe(model, x)
+    fresh, saturating, linear = probes(probe, torch.float32)
+    assert _passes(fresh, fake, [0]) and _passes(linear, fake, [0])
+    assert not _passes(saturating, fake, [0])
+    _, failed = screen(fake, probe)
+    assert failed == [0]
