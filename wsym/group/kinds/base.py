@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from wsym.group.layout import map_blocks
+from wsym.group.layout import map_blocks, transform
 from wsym.group.spec import Group, SymmetrySpec, leaves
 
 
@@ -45,6 +45,9 @@ class Kind:
         additive: acts by adding a constant (translations).
         fusable: :meth:`act` is :meth:`block_fn` applied block by block (nothing
             else), so that several elements act in one pass per tensor (:func:`act_chain`).
+        axis_map: how :meth:`block_fn` acts, where it acts on each class axis alone
+            (no index classes): ``"index"`` (it reorders the axis), ``"factor"`` (it
+            multiplies it entrywise), or ``""`` (neither, e.g. a matrix per index).
         local: :meth:`act` changes only the blocks of the group's class and index
             classes, reading nothing else, so it commutes with any element acting on
             other classes (fusable kinds are local; ``act`` moves a local part past
@@ -62,6 +65,7 @@ class Kind:
     additive: ClassVar[bool] = False
     fusable: ClassVar[bool] = True
     local: ClassVar[bool] = True
+    axis_map: ClassVar[str] = ""
 
     # -- description -----------------------------------------------------
     def symbol(self, group: Group) -> str:
@@ -171,28 +175,96 @@ def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:
     ``state``'s entries are replaced one tensor at a time, so that no second copy
     of every tensor it moves is held at once.
 
-    Every block meets the same :meth:`Kind.block_fn` calls in the same order as
-    when acting with one part after the other (bit-identical), but each tensor is
-    split into blocks once, not once per group: a DenseNet's features are read by
-    every later layer, so each of its ~2500 groups touches ~40 tensors.
+    Each tensor is split into blocks once, not once per group: a DenseNet's
+    features are read by every later layer, so each of its ~2500 groups touches
+    ~40 tensors. Where every part on a tensor reorders (or every part multiplies)
+    each class axis on its own (:attr:`Kind.axis_map`), the parts' effect on one
+    axis is found once on vectors along it (``arange`` and ones, through the same
+    :meth:`Kind.block_fn` calls, in order) and applied with one ``index_select``
+    and one product per axis: the per-block calls then touch vectors, not the
+    weights. Reorderings are exact; products agree with block by block to round-off.
     """
     from wsym.group.kinds import kind_of
 
     fns: dict = {}
     for group, value in parts:
-        fn = kind_of(group).block_fn(group, value)
+        kind = kind_of(group)
+        fn = kind.block_fn(group, value)
+        mode = kind.axis_map if not group.index else ""
         for key in group.params:
-            fns.setdefault(key, []).append((group.cls, fn))
+            fns.setdefault(key, []).append((group.cls, fn, mode))
 
-    def chain(fs):
-        def fn(t, lv):
-            here = {leaf.cls for leaf in lv}
-            for cls, f in fs:
-                if cls in here:
-                    t = f(t, lv)
-            return t
-
-        return fn
-
+    maps: dict = {}  # (axis tree, parts on it) -> the axis's reordering and factors
     for key, fs in fns.items():
-        state[key] = map_blocks(spec, key, state[key], chain(fs), frozenset(c for c, _ in fs))
+        if all(mode for *_, mode in fs):
+            state[key] = _by_axis(spec.layout[key], state[key], fs, maps)
+        else:
+            chain = _chain([(c, f) for c, f, _ in fs])
+            state[key] = map_blocks(spec, key, state[key], chain, frozenset(c for c, *_ in fs))
+
+
+def _chain(fs):
+    """One ``fn(block, leaves)`` applying ``fs = [(class, fn)]`` in turn where the class is."""
+
+    def fn(t, lv):
+        here = {leaf.cls for leaf in lv}
+        for cls, f in fs:
+            if cls in here:
+                t = f(t, lv)
+        return t
+
+    return fn
+
+
+def _paired(fs):
+    """:func:`_chain` on an axis's ``(index, factor)`` pairs (a trailing axis of 2).
+
+    Reorderings move both; products multiply the factors only.
+    """
+
+    def fn(t, lv):
+        here = {leaf.cls for leaf in lv}
+        for cls, f, mode in fs:
+            if cls in here:
+                if mode == "index":
+                    t = f(t, lv)
+                else:
+                    t = torch.stack((t[..., 0], f(t[..., 1], lv)), dim=-1)
+        return t
+
+    return fn
+
+
+def _by_axis(trees, t: Tensor, fs, maps: dict) -> Tensor:
+    """``t`` acted on by ``fs`` one axis at a time (:func:`act_chain`).
+
+    Along each axis the parts compose to ``x[i] -> x[index[i]] * factor[i]``, found
+    on ``(arange, ones)`` and applied as one ``index_select`` and one product
+    (in place, once ``t`` is a new tensor: the caller's is never written).
+    """
+    own = False
+    for ax, tree in enumerate(trees):
+        here = {leaf.cls for leaf in leaves(tree)}
+        on = [(c, f, m) for c, f, m in fs if c in here]
+        if not on:
+            continue
+        memo = (tree, tuple(id(f) for _, f, _ in on))
+        if memo not in maps:
+            start = torch.stack(
+                (
+                    torch.arange(tree.size, dtype=torch.float64),
+                    torch.ones(tree.size, dtype=torch.float64),
+                ),
+                dim=-1,
+            )
+            pair = transform(start, [tree], _paired(on))
+            index = pair[:, 0].round().long() if any(m == "index" for *_, m in on) else None
+            factor = pair[:, 1] if any(m == "factor" for *_, m in on) else None
+            maps[memo] = index, factor
+        index, factor = maps[memo]
+        if index is not None:
+            t, own = t.index_select(ax, index), True
+        if factor is not None:
+            f = along(factor.to(t.dtype), ax, t.ndim)
+            t, own = (t.mul_(f) if own else t * f), True
+    return t

@@ -39,6 +39,7 @@ class Sign(Kind):
     name = "sign"
     diagonal = True
     flips = True
+    axis_map = "factor"
 
     def symbol(self, group: Group) -> str:
         """``Z2^n``."""

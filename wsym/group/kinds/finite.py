@@ -27,6 +27,7 @@ class Permutation(Kind):
 
     name = "permutation"
     permutes = True
+    axis_map = "index"
 
     def symbol(self, group: Group) -> str:
         """``S_n``."""
