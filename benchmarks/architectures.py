@@ -11,8 +11,9 @@ Every model is built from its config with random weights (nothing downloaded).
 Per model it records the status (``ok``: detected and checked, ``FALSE``: a group
 changed the outputs, ``error``: detection failed, with its one-line message), the
 groups per kind, the largest verified deviation, detection time in seconds and in
-float32 forward passes of the same model, the probe's float64 forward passes, and
-peak memory above the model itself relative to the float64 model's size.
+float32 forward passes of the same model, the probe's forward passes (float64 on
+fresh inputs, float32 on scaled ones), and peak memory above the model itself
+relative to the float64 model's size.
 
 The check does not use ``wsym.group.verify``: it acts with ``spec.sample(seed,
 scale=(0.1, 10))`` for two seeds and compares float64 outputs on the example
@@ -338,7 +339,8 @@ def table(rows: dict) -> str:
         "detection CPU seconds (one thread), `trace` the part tracing takes (recording one "
         "forward pass; torch.export where recording fails), `passes` "
         "detection over one float32 forward pass, `own` the same without tracing, "
-        "`probe` the probe's float64 forward passes; `mem` is peak memory during detection "
+        "`probe` the probe's forward passes (a third in float64); "
+        "`mem` is peak memory during detection "
         "over the float64 model's size. Budgets: <= 20 passes or <= 3 s; <= 4x or <= 256 MiB "
         "(torch.export's own fixed allocation). `blocked by`: operations the rules do not "
         "understand (they block symmetries through them) and other notes from the warnings."
@@ -380,7 +382,7 @@ def table(rows: dict) -> str:
         + (
             ", ".join(
                 f"{r['model']} {r['detect_s']:.1f} s = {r['passes']:.0f} passes (trace "
-                f"{r.get('trace_s', 0):.1f} s, probe {r.get('probe_passes', 0)} float64 passes)"
+                f"{r.get('trace_s', 0):.1f} s, {r.get('probe_passes', 0)} probe passes)"
                 for r in sorted(slow, key=lambda r: -r["passes"])
             )
             or "none"

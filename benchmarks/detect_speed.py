@@ -76,12 +76,12 @@ perf_counter = time.perf_counter  # or time.process_time (--clock cpu)
 
 
 class CountingProbe(Probe):
-    """A :class:`~wsym.group.verify.Probe` that counts its forward passes."""
+    """A :class:`~wsym.group.verify.Probe` that counts its forward passes per dtype."""
 
-    calls = 0
+    calls: Counter = Counter()
 
     def __call__(self, state, mode=None):
-        type(self).calls += 1  # the rescaled copies count too
+        type(self).calls[str(self.dtype).replace("torch.", "")] += 1  # copies count too
         return super().__call__(state, mode)
 
 
@@ -110,8 +110,8 @@ def to_double(inputs):
     return inputs.double() if inputs.is_floating_point() else inputs
 
 
-def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
-    """``wsym.detect``'s three phases, timed; returns (seconds, probe forwards)."""
+def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], dict]:
+    """``wsym.detect``'s three phases, timed; returns (seconds, probe forwards per dtype)."""
     t = {}
     start = perf_counter()
     traced = detection_trace(model, inputs)
@@ -120,7 +120,7 @@ def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
     spec = find_candidates(traced, model)
     t["analyze + solve"] = perf_counter() - start
     start = perf_counter()
-    CountingProbe.calls = 0
+    CountingProbe.calls = Counter()
     probe = CountingProbe(model, inputs, seed=seed)
     t["verify: probe setup"] = perf_counter() - start
     start = perf_counter()
@@ -128,7 +128,7 @@ def detect_phases(model, inputs, seed: int = 0) -> tuple[dict[str, float], int]:
         screen(spec, probe, seed=seed)
     t["verify: screen"] = perf_counter() - start
     t["verify (total)"] = t["verify: probe setup"] + t["verify: screen"]
-    return t, CountingProbe.calls
+    return t, dict(CountingProbe.calls)
 
 
 def bench(name: str) -> dict:
@@ -169,7 +169,8 @@ def report(r: dict) -> None:
     print(f"{'phase':<22}{'seconds':>10}{'ratio':>10}")
     for k, s in r["seconds"].items():
         print(f"{k:<22}{s:>10.3f}{r['ratio'][k]:>10.1f}")
-    print(f"probe forward passes (float64) in verification: {r['probe_forwards']}")
+    passes = ", ".join(f"{k} {n}" for k, n in sorted(r["probe_forwards"].items()))
+    print(f"probe forward passes in verification: {passes}")
     groups = ", ".join(f"{k}: {n}" for k, n in r["groups"].items()) or "none"
     print(f"groups found: {sum(r['groups'].values())} ({groups})")
     print(f"detection + verification = {r['forward_passes']:.1f} forward passes (goal: <= {GOAL})")
