@@ -34,8 +34,22 @@ def test_recorded_graph_gives_the_candidates_of_the_exported_one(case):
 class WriteIntoView(nn.Module):
     def forward(self, x):
         y = x * 2
-        y[:, :2].add_(x[:, :2])  # the base is read after a write into its view
+        y.view(-1)[:2].add_(x[0, :2])  # the base is read after a write into a view of a view
         return y.sum(0)
+
+
+class WriteIntoSlice(nn.Module):
+    """Swin V2's query-key-value bias: a clone with its middle third zeroed in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 6)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x):
+        bias = self.qkv.bias.clone()
+        bias[2:4].zero_()
+        return self.out(torch.relu(nn.functional.linear(x, self.qkv.weight, bias)))
 
 
 class WriteIntoBase(nn.Module):
@@ -63,6 +77,26 @@ def test_reading_a_stale_alias_is_refused_and_detection_exports(model):
     with pytest.raises(RuntimeError, match="in-place write into a view"):
         record(model, (x,), {})
     assert record_trace(model, x).program is not None  # torch.export's functional graph
+
+
+def test_write_into_a_slice_is_recorded_as_a_slice_scatter():
+    """The tensor's readers see the written slice put back; the groups are the export's."""
+    torch.manual_seed(0)
+    model, x = WriteIntoSlice(), torch.randn(3, 4)
+    traced = record_trace(model, x)
+    assert traced.program is None
+    scatter = [n for n in traced.graph.nodes if n.target is torch.ops.aten.slice_scatter.default]
+    assert len(scatter) == 1 and scatter[0].args[2:] == (0, 2, 4, 1)
+
+    def table(spec):
+        return sorted((g.kind, g.size, tuple(sorted(g.params))) for g in spec.groups)
+
+    recorded = find_candidates(traced, model)
+    assert table(recorded) == table(find_candidates(trace(model, x), model))
+    # units 2:4 (bias overwritten) are a class of their own; their dead bias entries
+    # are free (a GL(2) on them alone)
+    assert recorded.kinds() == {"permutation": 3, "scaling": 3, "gl": 1}
+    assert [g.params for g in recorded.groups if g.kind == "gl"] == [("qkv.bias",)]
 
 
 def test_constant_written_in_place_is_recorded():

@@ -48,7 +48,7 @@ def broadcast(ctx: Context, node, inputs, scale="eq", sign="eq", breaks=()) -> l
     return out
 
 
-ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like")
+ZEROS = ("aten::zeros", "aten::new_zeros", "aten::zeros_like", "aten::zero", "aten::zero_")
 FILLS = {"aten::full": 1, "aten::new_full": 2, "aten::full_like": 1, "aten::scalar_tensor": 0}
 
 

@@ -492,6 +492,7 @@ CONSTANTS = [
     "new_full",
     "new_empty",
     "zeros_like",
+    "zero",
     "ones_like",
     "full_like",
     "empty_like",

@@ -6,9 +6,12 @@ pass, so recording costs about one forward pass (``torch.export`` costs tens).
 Control flow is specialized to the example inputs; the detected symmetries are
 verified on the module itself, on other inputs. In-place writes are data flow
 by tensor identity and version (the written tensor's later readers see the new
-node); a tensor read after an in-place write into one of its views (or into
-the base of a view) cannot be represented so and is refused, unless it is a
-constant (a mask built in place).
+node). A write into a slice of a tensor is recorded as the write and a
+``slice_scatter`` of its result into the tensor, which the tensor's later readers
+see (Swin V2's query-key-value bias with the key's third zeroed in place).
+Other reads after an in-place write into one of a tensor's views (or into the
+base of a view) cannot be represented so and are refused, unless everything
+involved is a constant (a mask built in place).
 
 Node values (``meta['val']``) are shape-and-dtype-only tensors on the ``meta``
 device, so the recorded graph does not keep the forward pass's activations alive.
@@ -32,7 +35,7 @@ FUSED = ("aten::_native_multi_head_attention", "aten::_transformer_encoder_layer
 # ops whose values do not depend on their tensor operand's (only its shape and dtype)
 FACTORIES = {
     f"{n}{s}"
-    for n in ("new_zeros", "new_ones", "new_empty", "new_full", "zeros_like", "ones_like")
+    for n in ("new_zeros", "new_ones", "new_empty", "new_full", "zeros_like", "ones_like", "zero")
     for s in ("", "_")
 } | {"empty_like", "full_like"}
 # ops through which a forward pass reads a tensor's value into Python (``if x.sum() > 0``)
@@ -77,6 +80,7 @@ class _Recorder(TorchDispatchMode):
         self.keep, self.kept = keep, {}  # node names whose values to keep, and those values
         self.dependent = dependent  # names of nodes computed from inputs, weights or buffers
         self.tainted = WeakIdKeyDictionary()  # bases written (through a view) with such values
+        self.slices = WeakIdKeyDictionary()  # view -> (base, slice arguments), one level deep
 
     def _constant(self, x: torch.Tensor):
         node = self.graph.placeholder(f"constant_{self.constants}")
@@ -101,6 +105,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         arg_nodes = tree_map(self._node, args), tree_map(self._node, kwargs)
+        into = self._written_slice(func, args)
         if func._schema.name in FUSED:
             raise RuntimeError(f"fused inference kernel {func._schema.name}")
         if _dynamic_shape(func, args):
@@ -117,6 +122,10 @@ class _Recorder(TorchDispatchMode):
                     if isinstance(a, torch.Tensor):
                         self.tainted[a._base if a._base is not None else a] = True
         versions = _versions_after(func, args, out)
+        if func is torch.ops.aten.slice.Tensor and args[0]._base is None:
+            self.slices[out] = (args[0], _slice_args(args, kwargs))
+        if into is not None:  # the base's new value: the written slice put back
+            self._scatter(node, *into, version=versions[0])
         if node.name in self.keep:  # a copy: a later in-place op (relu_) must not change it
             self.kept[node.name] = tree_map(_copy, out)
         if isinstance(out, torch.Tensor):
@@ -132,6 +141,41 @@ class _Recorder(TorchDispatchMode):
                     if item.name in self.keep:
                         self.kept[item.name] = o.clone()
         return out
+
+    def _written_slice(self, func, args):
+        """``(base, its node, slice arguments)`` where ``func`` writes into a slice of a base.
+
+        Only a slice taken directly of a base whose recorded node is current.
+        """
+        if not (func._schema.is_mutable and args and isinstance(args[0], torch.Tensor)):
+            return None
+        if args[0] not in self.slices:
+            return None
+        base, slice_args = self.slices[args[0]]
+        if base not in self.nodes or self.nodes[base][1] != _version(base):
+            return None
+        return base, self.nodes[base][0], slice_args
+
+    def _scatter(self, written, base, base_node, slice_args, version: int) -> None:
+        """Record ``slice_scatter(base, written slice)`` as the base's current node.
+
+        ``version``: the written view's counter after the call (the base shares it).
+        """
+        if not {base_node.name, written.name} & self.dependent:
+            return  # constants: the base is read as a new constant (a mask built in place)
+        node = self.graph.call_function(
+            torch.ops.aten.slice_scatter.default, (base_node, written, *slice_args)
+        )
+        node.meta["val"] = _shape_only(base)
+        self.dependent.add(node.name)
+        self.nodes[base] = (node, version)
+
+
+def _slice_args(args, kwargs) -> tuple:
+    """``(dim, start, end, step)`` of an ``aten.slice.Tensor`` call, defaults filled in."""
+    names = ("dim", "start", "end", "step")
+    given = dict(zip(names, args[1:], strict=False)) | {k: kwargs[k] for k in names if k in kwargs}
+    return given.get("dim", 0), given.get("start"), given.get("end"), given.get("step", 1)
 
 
 def _dynamic_shape(func, args) -> bool:
