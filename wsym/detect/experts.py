@@ -9,9 +9,10 @@ units can be permuted, rescaled and flipped on their own, one ``S_F x (R+)^F x
 Z2^F`` per expert, since expert ``e``'s output reads only slice ``e`` of each tensor.
 
 :func:`split_experts` proposes that refinement where the layout allows it:
-every parameter block holding the class also holds exactly one axis of size
-``E`` that no group acts on (the expert axis), and no buffer holds the class.
-Those expert axes are merged into one class ``X`` and the group becomes one
+every tensor holding the class is at least 3-D and led by an axis of size ``E``
+that nothing permutes or mixes (the expert axis), and no buffer holds the class.
+(a scaling of whole experts may act on it: it is then dropped, as the per-expert
+scaling holds it). Those expert axes are merged into one class ``X`` and the group becomes one
 copy per value of ``X`` (``index=(X,)``, ``count=E``). The proposal is a
 candidate like any other: :func:`verified_split` keeps it only if it verifies
 and falls back to the shared group (one element for every expert) otherwise.
@@ -21,6 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
+from wsym.group.kinds import kind_of
 from wsym.group.layout import block_plan, class_params, plan_leaves
 from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 
@@ -29,14 +33,15 @@ SPLITTABLE = ("permutation", "scaling", "sign")
 
 def split_experts(spec: SymmetrySpec) -> tuple[SymmetrySpec, dict[int, Group]]:
     """``(spec with per-expert groups, {group position: the shared group it replaces})``."""
-    acted = {g.cls for g in spec.groups} | {c for g in spec.groups for c in g.index}
+    mixed = {g.cls for g in spec.groups if g.kind not in ("scaling", "sign", "norm_scaling")}
+    mixed |= {c for g in spec.groups for c in g.index}
     merge: dict[int, int] = {}  # expert-axis class -> the merged class
     fresh = 1 + max((leaf.cls for _, dims in spec.layouts for t in dims for leaf in leaves(t)))
     groups, shared = list(spec.groups), {}
     for i, g in enumerate(spec.groups):
         if g.kind not in SPLITTABLE or g.index:
             continue
-        axes = _expert_axes(spec, g.cls, acted)
+        axes = _expert_axes(spec, g.cls, mixed)
         if axes is None:
             continue
         size, classes = axes
@@ -49,28 +54,66 @@ def split_experts(spec: SymmetrySpec) -> tuple[SymmetrySpec, dict[int, Group]]:
     if not shared:
         return spec, {}
     layouts = tuple((p, tuple(_relabel(t, merge) for t in dims)) for p, dims in spec.layouts)
-    return dataclasses.replace(spec, groups=tuple(groups), layouts=layouts), shared
+    groups = [_moved_class(g, merge) for g in groups]  # a scaling of whole experts
+    out = dataclasses.replace(spec, groups=tuple(groups), layouts=layouts)
+    keep = [i for i, g in enumerate(out.groups) if not _contained(out, g)]
+    shared = {keep.index(i): g for i, g in shared.items()}
+    return dataclasses.replace(out, groups=tuple(out.groups[i] for i in keep)), shared
 
 
-def _expert_axes(spec: SymmetrySpec, cls: int, acted: set) -> tuple[int, set] | None:
-    """``(E, classes of the expert axes)`` if every block of ``cls`` holds one, else None."""
+def _moved_class(g: Group, merge: dict[int, int]) -> Group:
+    return dataclasses.replace(
+        g, cls=merge.get(g.cls, g.cls), index=tuple(merge.get(c, c) for c in g.index)
+    )
+
+
+def _contained(spec: SymmetrySpec, h: Group) -> bool:
+    """Whether ``h`` (a scaling or sign of whole experts) is a per-expert group's constant value.
+
+    Checked exactly on random tensors shaped as the spec's: ``h`` at ``v`` acts as
+    the per-expert group at ``v`` repeated over each expert's units.
+    """
+    if h.index or h.kind not in ("scaling", "sign"):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    for g in spec.groups:
+        if g.kind != h.kind or g.index != (h.cls,) or not set(h.params) <= set(g.params):
+            continue
+        k = kind_of(g)
+        state = {p: torch.randn(_shape(spec, p), generator=gen, dtype=torch.float64) for p in g.params}
+        v = k.sample(spec, h, gen, (0.5, 2))
+        mine = k.act(spec, h, v, state)
+        theirs = k.act(spec, g, v.unsqueeze(-1).expand(-1, g.size), state)
+        if all(torch.equal(mine[p], theirs[p]) for p in h.params) and all(
+            torch.equal(theirs[p], state[p]) for p in set(g.params) - set(h.params)
+        ):
+            return True
+    return False
+
+
+def _shape(spec: SymmetrySpec, key: str) -> tuple[int, ...]:
+    return tuple(t.size for t in spec.layout[key])
+
+
+def _expert_axes(spec: SymmetrySpec, cls: int, mixed: set) -> tuple[int, set] | None:
+    """``(E, classes of the expert axes)`` if every tensor of ``cls`` is stacked, else None.
+
+    Stacked: at least 3-D, led by one axis of another class that nothing permutes
+    or mixes (``mixed``), held once by every block that holds ``cls``.
+    """
     if set(class_params(spec, cls, with_buffers=True)) != set(class_params(spec, cls)):
         return None  # a buffer (running statistics) holds the class: left shared
-    sizes, classes, stacked = set(), set(), False
+    sizes, classes = set(), set()
     for p in class_params(spec, cls):
-        dims = [_single(t) for t in spec.layout[p]]
-        plain = [
-            t.cls for t in dims if t is not None and t.cls != cls and t.cls not in acted and t.size > 1
-        ]
-        if len(plain) != 1 or dims[0] is None or dims[0].cls != plain[0]:
-            return None  # the expert axis leads: (E, ...) as stacked experts are stored
-        stacked = stacked or len(dims) >= 3
+        lead = _single(spec.layout[p][0])
+        if len(spec.layout[p]) < 3 or lead is None or lead.cls in mixed | {cls} or lead.size < 2:
+            return None
         for lv in plan_leaves(block_plan(spec, p)):
-            if any(leaf.cls == cls for leaf in lv) and sum(x.cls == plain[0] for x in lv) != 1:
+            if any(leaf.cls == cls for leaf in lv) and sum(x.cls == lead.cls for x in lv) != 1:
                 return None
-        sizes.add(dims[0].size)
-        classes.add(plain[0])
-    return (sizes.pop(), classes) if len(sizes) == 1 and stacked else None
+        sizes.add(lead.size)
+        classes.add(lead.cls)
+    return (sizes.pop(), classes) if len(sizes) == 1 else None
 
 
 def _single(tree) -> Leaf | None:
