@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -20,7 +21,7 @@ E, F, D, K = 3, 5, 4, 2
 
 def _gates(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
     """``(S, E)``: softmax over each token's top-k router logits, zero elsewhere."""
-    logits = x @ router.T
+    logits = nn.functional.linear(x, router)
     top, idx = logits.topk(K, dim=-1)
     return torch.zeros_like(logits).scatter(-1, idx, top.softmax(-1))
 
@@ -86,7 +87,9 @@ def stacked():
 def test_stacked_experts_get_one_group_per_expert(stacked):
     model, x, spec = stacked
     experts = ("w1", "w2")
-    assert [t for t in _table(spec) if t[2] == experts] == [
+    assert [t for t in _table(spec) if set(t[2]) & set(experts)] == [
+        ("gl", f"GL({D})", ("w2", "head.weight")),
+        ("permutation", f"S_{E}", (*experts, "router.weight")),  # the experts, router rows too
         ("permutation", f"S_{F}^{E}", experts),
         ("scaling", f"((R+)^{F})^{E}", experts),
     ], spec.table()
@@ -120,6 +123,18 @@ def test_a_wrong_per_expert_claim_is_caught(stacked):
     found = _detect(rolled, x)
     assert not any(g.index for g in found.groups if g.kind != "gl"), found.table()
     assert independent_deviation(rolled, x, found, seeds=(0, 1)) < 1e-12
+
+
+def test_expert_permutation_without_the_router_rows_is_caught(stacked):
+    """Negative control: S_E on the experts' slices alone (the router's rows left) is false."""
+    model, x, spec = stacked
+    groups = [
+        dataclasses.replace(g, params=("w1", "w2")) if "router.weight" in g.params else g
+        for g in spec.groups
+    ]
+    assert len([g for g in groups if g.params == ("w1", "w2") and g.kind == "permutation"]) == 2
+    wrong = dataclasses.replace(spec, groups=tuple(groups))
+    assert independent_deviation(model, x, wrong, seeds=(0,)) > 1e-2
 
 
 def test_a_false_split_falls_back_to_the_shared_groups(stacked):
@@ -224,6 +239,9 @@ def test_mixtral_experts_get_one_group_each():
         ("scaling", "((R+)^16)^3"),
         ("sign", "(Z2^16)^3"),
     ], spec.table()
+    router = "layers.0.mlp.gate.weight"
+    assert [t[:2] for t in _table(spec) if t[2] == (router, *experts)] == [("permutation", "S_3")]
+    assert "expert axis" in spec.explain(router)
     try:
         dev = independent_deviation(model, x, spec, seeds=(0, 1))
     except RuntimeError:  # grouped_mm has no float64 kernel: the same function, batched

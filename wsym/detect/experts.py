@@ -31,13 +31,18 @@ from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 SPLITTABLE = ("permutation", "scaling", "sign")
 
 
-def split_experts(spec: SymmetrySpec) -> tuple[SymmetrySpec, dict[int, Group]]:
-    """``(spec with per-expert groups, {group position: the shared group it replaces})``."""
+def split_experts(spec: SymmetrySpec, routers=()) -> tuple[SymmetrySpec, dict[int, Group]]:
+    """``(spec with per-expert groups, {group position: the shared group it replaces})``.
+
+    ``routers``: state-dict keys of router weights whose rows score the experts
+    (:func:`router_weights`); with one of ``E`` rows, the expert permutation ``S_E``
+    (the experts' slices and the router's rows together) is proposed too.
+    """
     mixed = {g.cls for g in spec.groups if g.kind not in ("scaling", "sign", "norm_scaling")}
     mixed |= {c for g in spec.groups for c in g.index}
     merge: dict[int, int] = {}  # expert-axis class -> the merged class
     fresh = 1 + max((leaf.cls for _, dims in spec.layouts for t in dims for leaf in leaves(t)))
-    groups, shared = list(spec.groups), {}
+    groups, shared, experts = list(spec.groups), {}, {}
     for i, g in enumerate(spec.groups):
         if g.kind not in SPLITTABLE or g.index:
             continue
@@ -49,22 +54,84 @@ def split_experts(spec: SymmetrySpec) -> tuple[SymmetrySpec, dict[int, Group]]:
         if target is None:
             target, fresh = fresh, fresh + 1
         merge.update(dict.fromkeys(classes, target))
+        experts[target] = size
         groups[i] = dataclasses.replace(g, count=size * g.count, index=(target,))
         shared[i] = g
     if not shared:
         return spec, {}
+    acted = {g.cls for g in spec.groups} | {c for g in spec.groups for c in g.index}
+    for target, size in experts.items():
+        rows = [_single(spec.layout[r][0]) for r in routers if r in spec.layout]
+        rows = [leaf for leaf in rows if leaf is not None and leaf.size == size]
+        if len(rows) == 1 and rows[0].cls not in acted:
+            merge[rows[0].cls] = target
+            groups.append(Group("permutation", size, 1, (), cls=target))
     layouts = tuple((p, tuple(_relabel(t, merge) for t in dims)) for p, dims in spec.layouts)
     groups = [_moved_class(g, merge) for g in groups]  # a scaling of whole experts
-    out = dataclasses.replace(spec, groups=tuple(groups), layouts=layouts)
+    groups = [g if g.params else _with_params(g, layouts, spec.buffers) for g in groups]
+    out = dataclasses.replace(
+        spec, groups=tuple(groups), layouts=layouts, notes=_notes(spec, layouts, experts)
+    )
     keep = [i for i, g in enumerate(out.groups) if not _contained(out, g)]
     shared = {keep.index(i): g for i, g in shared.items()}
     return dataclasses.replace(out, groups=tuple(out.groups[i] for i in keep)), shared
+
+
+def _notes(spec: SymmetrySpec, layouts, experts: dict) -> tuple:
+    """The notes, with each expert axis saying what its groups are (routing is not read)."""
+    axes = {
+        (p, d)
+        for p, dims in layouts
+        for d, t in enumerate(dims)
+        if (leaf := _single(t)) is not None and leaf.cls in experts
+    }
+    text = (
+        "expert axis: one group per expert on the other axes; permuting the experts "
+        "(with the router's rows) is proposed and kept only if it verifies"
+    )
+    kept = tuple(n for n in spec.notes if (n[0], n[1]) not in axes or "permutation" not in n[2])
+    return kept + tuple((p, d, text) for p, d in sorted(axes))
+
+
+def _with_params(g: Group, layouts, buffers) -> Group:
+    """The expert permutation, with the parameters its class labels."""
+    held = tuple(
+        p
+        for p, dims in layouts
+        if p not in buffers and any(leaf.cls == g.cls for t in dims for leaf in leaves(t))
+    )
+    return dataclasses.replace(g, params=held)
 
 
 def _moved_class(g: Group, merge: dict[int, int]) -> Group:
     return dataclasses.replace(
         g, cls=merge.get(g.cls, g.cls), index=tuple(merge.get(c, c) for c in g.index)
     )
+
+
+def router_weights(traced) -> tuple[str, ...]:
+    """State-dict keys of the weights ``W`` whose ``linear(x, W)`` a ``topk`` ranks.
+
+    Read from the traced graph: from each ``topk`` back through softmax, sigmoid
+    and dtype casts to a ``linear`` whose weight is a parameter.
+    """
+    from wsym.detect.analyze import rule_name
+
+    out = []
+    for node in traced.graph.nodes:
+        if node.op != "call_function" or rule_name(node) != "aten::topk":
+            continue
+        src = node.args[0]
+        while hasattr(src, "op") and rule_name(src) in THROUGH:
+            src = src.args[0]
+        if hasattr(src, "op") and rule_name(src) == "aten::linear":
+            w = src.args[1]
+            if getattr(w, "name", None) in traced.parameters:
+                out.append(traced.parameters[w.name])
+    return tuple(out)
+
+
+THROUGH = ("aten::softmax", "aten::_softmax", "aten::sigmoid", "aten::_to_copy", "aten::clone")
 
 
 def _contained(spec: SymmetrySpec, h: Group) -> bool:
@@ -128,12 +195,13 @@ def _relabel(tree, merge: dict[int, int]):
     return Split(tree.mode, tuple(_relabel(c, merge) for c in tree.children))
 
 
-def verified_split(spec: SymmetrySpec, verify) -> SymmetrySpec:
+def verified_split(spec: SymmetrySpec, verify, routers=()) -> SymmetrySpec:
     """``verify(candidates)`` with per-expert groups, falling back to shared ones that fail.
 
-    ``verify`` is :func:`wsym.detect.verify_candidates` bound to the model and inputs.
+    ``verify`` is :func:`wsym.detect.verify_candidates` bound to the model and inputs;
+    ``routers`` as in :func:`split_experts` (an expert permutation that fails is dropped).
     """
-    split, shared = split_experts(spec)
+    split, shared = split_experts(spec, routers)
     if not shared:
         return verify(spec)
     checked = verify(split)
