@@ -1,4 +1,4 @@
-"""Mixtures of experts: one group per expert (stacked tensors), ModuleList experts, Mixtral; T5 heads."""
+"""Mixtures of experts: one group per expert (stacked, ModuleList, Mixtral); T5 heads."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 import torch
+from cases import independent_deviation
 from torch import nn
 
 import wsym
-from cases import independent_deviation
 from wsym.detect import detection_trace, find_candidates, verify_candidates
 from wsym.detect.experts import verified_split
 from wsym.errors import WsymInputError

@@ -147,7 +147,9 @@ def _contained(spec: SymmetrySpec, h: Group) -> bool:
         if g.kind != h.kind or g.index != (h.cls,) or not set(h.params) <= set(g.params):
             continue
         k = kind_of(g)
-        state = {p: torch.randn(_shape(spec, p), generator=gen, dtype=torch.float64) for p in g.params}
+        state = {
+            p: torch.randn(_shape(spec, p), generator=gen, dtype=torch.float64) for p in g.params
+        }
         v = k.sample(spec, h, gen, (0.5, 2))
         mine = k.act(spec, h, v, state)
         theirs = k.act(spec, g, v.unsqueeze(-1).expand(-1, g.size), state)
@@ -207,7 +209,9 @@ def verified_split(spec: SymmetrySpec, verify, routers=()) -> SymmetrySpec:
     checked = verify(split)
     kept = {(g.kind, g.cls, g.index) for g in checked.groups}
     failed = [
-        i for i, g in enumerate(split.groups) if i in shared and (g.kind, g.cls, g.index) not in kept
+        i
+        for i, g in enumerate(split.groups)
+        if i in shared and (g.kind, g.cls, g.index) not in kept
     ]
     if not failed:
         return checked
