@@ -124,6 +124,9 @@ def grouped_mm(ctx: Context, node) -> None:
     ctx.couple(lx[1], lw[1], parity=1)
     ctx.event([lx[1], lw[1]], [lx, lw])
     ctx.block_dim(lw[0], "the expert of each row is routing data (grouped_mm offsets)")
+    extra = [t for t in (*node.args[2:], *node.kwargs.values()) if is_tensor(t)]
+    for t in extra:  # offsets, and a bias this rule does not read
+        ctx.block(ctx.layouts[t.name], "grouped_mm offsets or bias")
     ctx.layouts[node.name] = out
 
 
