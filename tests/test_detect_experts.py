@@ -212,7 +212,7 @@ def test_per_expert_laws(stacked):
 def _mixtral(transformers, experts: int = 3, implementation: str | None = None):
     cfg = transformers.MixtralConfig(
         hidden_size=16,
-        num_hidden_layers=1,
+        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=16,
@@ -242,6 +242,8 @@ def test_mixtral_experts_get_one_group_each():
     router = "layers.0.mlp.gate.weight"
     assert [t[:2] for t in _table(spec) if t[2] == (router, *experts)] == [("permutation", "S_3")]
     assert "expert axis" in spec.explain(router)
+    second = [g for g in spec.groups if "layers.1.mlp.gate.weight" in g.params]
+    assert [g.notation for g in second] == ["S_3"]  # each layer's router with its own experts
     try:
         dev = independent_deviation(model, x, spec, seeds=(0, 1))
     except RuntimeError:  # grouped_mm has no float64 kernel: the same function, batched

@@ -31,13 +31,14 @@ from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 SPLITTABLE = ("permutation", "scaling", "sign")
 
 
-def split_experts(spec: SymmetrySpec, routers=()) -> tuple[SymmetrySpec, dict[int, Group]]:
+def split_experts(spec: SymmetrySpec, routers=None) -> tuple[SymmetrySpec, dict[int, Group]]:
     """``(spec with per-expert groups, {group position: the shared group it replaces})``.
 
-    ``routers``: state-dict keys of router weights whose rows score the experts
-    (:func:`router_weights`); with one of ``E`` rows, the expert permutation ``S_E``
+    ``routers``: router weight -> the expert weights it routes to (:func:`router_weights`);
+    with one router of ``E`` rows for the experts, the expert permutation ``S_E``
     (the experts' slices and the router's rows together) is proposed too.
     """
+    routers = routers or {}
     mixed = {g.cls for g in spec.groups if g.kind not in ("scaling", "sign", "norm_scaling")}
     mixed |= {c for g in spec.groups for c in g.index}
     merge: dict[int, int] = {}  # expert-axis class -> the merged class
@@ -61,7 +62,7 @@ def split_experts(spec: SymmetrySpec, routers=()) -> tuple[SymmetrySpec, dict[in
         return spec, {}
     acted = {g.cls for g in spec.groups} | {c for g in spec.groups for c in g.index}
     for target, size in experts.items():
-        rows = [_single(spec.layout[r][0]) for r in routers if r in spec.layout]
+        rows = [_single(spec.layout[r][0]) for r in _routers_of(spec, routers, merge, target)]
         rows = [leaf for leaf in rows if leaf is not None and leaf.size == size]
         if len(rows) == 1 and rows[0].cls not in acted:
             merge[rows[0].cls] = target
@@ -75,6 +76,19 @@ def split_experts(spec: SymmetrySpec, routers=()) -> tuple[SymmetrySpec, dict[in
     keep = [i for i, g in enumerate(out.groups) if not _contained(out, g)]
     shared = {keep.index(i): g for i, g in shared.items()}
     return dataclasses.replace(out, groups=tuple(out.groups[i] for i in keep)), shared
+
+
+def _routers_of(spec: SymmetrySpec, routers: dict, merge: dict, target: int) -> list[str]:
+    """The router of the experts on class ``target``.
+
+    The one whose ``grouped_mm`` reads them, else (no router is tied to its
+    experts in the graph) the only router there is.
+    """
+    held = {p for c, t in merge.items() if t == target for p in class_params(spec, c)}
+    tied = [r for r, experts in routers.items() if experts & held and r in spec.layout]
+    if tied or any(routers.values()):
+        return tied
+    return [r for r in routers if r in spec.layout]
 
 
 def _notes(spec: SymmetrySpec, layouts, experts: dict) -> tuple:
@@ -109,29 +123,73 @@ def _moved_class(g: Group, merge: dict[int, int]) -> Group:
     )
 
 
-def router_weights(traced) -> tuple[str, ...]:
-    """State-dict keys of the weights ``W`` whose ``linear(x, W)`` a ``topk`` ranks.
+def router_weights(traced) -> dict[str, frozenset]:
+    """Router weights ``W`` whose ``linear(x, W)`` a ``topk`` ranks, each with its experts.
 
     Read from the traced graph: from each ``topk`` back through softmax, sigmoid
-    and dtype casts to a ``linear`` whose weight is a parameter.
+    and casts to a ``linear`` whose weight is a parameter. Its experts are the
+    weights of the ``grouped_mm`` calls whose offsets come from that ``topk``
+    (walking back through integer ops and casts only); empty where none does.
     """
     from wsym.detect.analyze import rule_name
 
-    out = []
+    routers = {}
     for node in traced.graph.nodes:
-        if node.op != "call_function" or rule_name(node) != "aten::topk":
-            continue
-        src = node.args[0]
-        while hasattr(src, "op") and rule_name(src) in THROUGH:
-            src = src.args[0]
-        if hasattr(src, "op") and rule_name(src) == "aten::linear":
-            w = src.args[1]
-            if getattr(w, "name", None) in traced.parameters:
-                out.append(traced.parameters[w.name])
-    return tuple(out)
+        if node.op == "call_function" and rule_name(node) == "aten::topk":
+            src = _back(node.args[0], THROUGH, rule_name)
+            if _is_call(src) and rule_name(src) == "aten::linear":
+                key = traced.parameters.get(getattr(src.args[1], "name", None))
+                if key is not None:
+                    routers[node.name] = (key, set())
+    for node in traced.graph.nodes:
+        if node.op == "call_function" and rule_name(node) in GROUPED and len(node.args) > 2:
+            w = _back(node.args[1], VIEWS, rule_name)
+            top = _routing_source(node.args[2], rule_name)
+            if top in routers and getattr(w, "name", None) in traced.parameters:
+                routers[top][1].add(traced.parameters[w.name])
+    return {key: frozenset(experts) for key, experts in routers.values()}
 
 
 THROUGH = ("aten::softmax", "aten::_softmax", "aten::sigmoid", "aten::_to_copy", "aten::clone")
+VIEWS = (
+    "aten::transpose",
+    "aten::t",
+    "aten::permute",
+    "aten::view",
+    "aten::reshape",
+    "aten::alias",
+)
+CASTS = ("aten::_to_copy", "aten::to", "_operator::getitem", "aten::histc")  # ids as floats
+GROUPED = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
+
+
+def _is_call(node) -> bool:
+    return getattr(node, "op", None) == "call_function"
+
+
+def _back(node, through, rule_name):
+    while _is_call(node) and rule_name(node) in through:
+        node = node.args[0]
+    return node
+
+
+def _routing_source(offsets, rule_name) -> str | None:
+    """The one ``topk`` the offsets are computed from (integer ops and casts between)."""
+    seen, stack, found = set(), [offsets], set()
+    while stack:
+        node = stack.pop()
+        if not _is_call(node) or node.name in seen:
+            continue
+        seen.add(node.name)
+        if rule_name(node) == "aten::topk":
+            found.add(node.name)
+            continue
+        val = node.meta.get("val")
+        vals = val if isinstance(val, list | tuple) else [val]
+        integer = all(not getattr(v, "is_floating_point", lambda: True)() for v in vals)
+        if integer or rule_name(node) in CASTS:
+            stack.extend(node.all_input_nodes)
+    return found.pop() if len(found) == 1 else None
 
 
 def _contained(spec: SymmetrySpec, h: Group) -> bool:
@@ -197,7 +255,7 @@ def _relabel(tree, merge: dict[int, int]):
     return Split(tree.mode, tuple(_relabel(c, merge) for c in tree.children))
 
 
-def verified_split(spec: SymmetrySpec, verify, routers=()) -> SymmetrySpec:
+def verified_split(spec: SymmetrySpec, verify, routers=None) -> SymmetrySpec:
     """``verify(candidates)`` with per-expert groups, falling back to shared ones that fail.
 
     ``verify`` is :func:`wsym.detect.verify_candidates` bound to the model and inputs;
