@@ -242,15 +242,22 @@ def test_mixtral_experts_get_one_group_each():
     router = "layers.0.mlp.gate.weight"
     assert [t[:2] for t in _table(spec) if t[2] == (router, *experts)] == [("permutation", "S_3")]
     assert "expert axis" in spec.explain(router)
-    second = [g for g in spec.groups if "layers.1.mlp.gate.weight" in g.params]
-    assert [g.notation for g in second] == ["S_3"]  # each layer's router with its own experts
+    second = [g.params for g in spec.groups if g.notation == "S_3"]  # each router, its experts
+    assert second == [
+        (router, *experts),
+        tuple(p.replace("layers.0", "layers.1") for p in second[0]),
+    ]
     try:
         dev = independent_deviation(model, x, spec, seeds=(0, 1))
     except RuntimeError:  # grouped_mm has no float64 kernel: the same function, batched
         same = _mixtral(transformers, implementation="batched_mm")
         same.load_state_dict(model.state_dict())
         dev = independent_deviation(same, x, spec, seeds=(0, 1))
-    assert dev < 1e-11
+    # Mixtral's router takes its softmax in float32 whatever the weights' dtype
+    # (``router_logits.float()``): permuting the experts reorders that float32 sum,
+    # moving the routing weights by a float32 unit (5e-8 of the outputs here; each
+    # other group measures 0.0). False groups move outputs by 1e-2 and more (above).
+    assert dev < 1e-6
 
 
 def _t5(model, sd, ids):
