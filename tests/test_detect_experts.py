@@ -14,7 +14,9 @@ import wsym
 from wsym.detect import detection_trace, find_candidates, verify_candidates
 from wsym.detect.experts import verified_split
 from wsym.errors import WsymInputError
+from wsym.group.layout import gather, scatter
 from wsym.group.spec import Group, Leaf
+from wsym.sharpness import sharpness
 
 E, F, D, K = 3, 5, 4, 2
 
@@ -184,6 +186,11 @@ def test_consumers_refuse_per_expert_groups_in_one_line(stacked):
         with pytest.raises(WsymInputError, match="one copy per expert") as err:
             wsym.canonicalize(model.state_dict(), spec)
     assert "\n" not in str(err.value)
+    batches = [(x, torch.zeros(len(x), dtype=torch.long))]
+    loss = nn.functional.cross_entropy
+    with pytest.raises(WsymInputError, match="one copy per expert") as err:
+        sharpness(model, batches, loss, spec=spec, measure="geodesic-inv", steps=1)
+    assert "\n" not in str(err.value)
     g = Group("permutation", F, E, ("w1",), cls=0, index=(1,))
     lv = [Leaf(1, E, 0, 0), Leaf(0, F, 0, 1)]
     with pytest.raises(ValueError, match="one copy per index value"):  # one shared value
@@ -294,3 +301,20 @@ def test_t5_per_layer_head_permutations_fail():
     with torch.no_grad():
         y2 = _t5(model, sd, ids)
     assert (y2 - y0).abs().max() > 1e-3 * y0.abs().max()
+
+
+def test_per_expert_scaling_blocks_read_one_unit_of_one_expert(stacked):
+    """The block reader (the quotient's GL(1) blocks): one block per expert and unit."""
+    model, _, spec = stacked
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    g = next(g for g in spec.groups if g.kind == "scaling" and g.index)
+    parts = gather(spec, g, sd)
+    assert {k: tuple(v.shape) for k, v in parts.items()} == {0: (E * F, D, 1), 1: (E * F, D, 1)}
+    assert torch.equal(parts[0][F + 2, :, 0], sd["w1"][1, 2])  # expert 1, unit 2: its row
+    assert torch.equal(parts[1][F + 2, :, 0], sd["w2"][1, :, 2])
+    back = scatter(spec, g, parts, sd)
+    assert all(torch.equal(back[k], sd[k]) for k in ("w1", "w2"))
+    scales = torch.rand(E, F, dtype=torch.float64) + 0.5
+    moved = wsym.group.kinds.kind_of(g).act(spec, g, scales, sd)
+    after = gather(spec, g, moved)
+    assert torch.allclose(after[0], parts[0] * scales.reshape(-1, 1, 1), rtol=1e-15, atol=0)

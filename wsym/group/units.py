@@ -51,7 +51,8 @@ def per_class_only(group: Group, who: str) -> None:
     if group.index and not kind_of(group).matrix:
         raise WsymInputError(
             f"{group.notation} ({group.kind}) holds one copy per expert (index value); "
-            f"{who} handles one per class only: leave the {group.kind} kind out (kinds=...)"
+            f"{who} reads one copy per class: leave the {group.kind} kind out (kinds=...) "
+            f"or drop the group from the spec"
         )
 
 
@@ -80,7 +81,7 @@ def unit_sums(
 
     With ``other``, the per-unit sums of ``entry * other's entry`` instead (``power`` unused).
     """
-    per_class_only(group, "unit_sums")
+    per_class_only(group, "canonicalization of scalings")
     exps = dict(group.exponents)
     out: dict[int, torch.Tensor] = {}
     pairs = _class_blocks(spec, sd, group.cls)
@@ -108,7 +109,7 @@ def odd_rows(
     Blocks that also hold an axis of a class in ``pending`` (whose own sign
     convention is not fixed yet) are left out; None if no block is left.
     """
-    per_class_only(group, "odd_rows")
+    per_class_only(group, "canonicalization of signs")
     exps = dict(group.exponents)
     cols = []
     for block, lv in _class_blocks(spec, sd, group.cls):
