@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from cases import independent_deviation
+from cases import independent_deviation, mixtral_config
 from torch import nn
 
 import wsym
@@ -217,16 +217,7 @@ def test_per_expert_laws(stacked):
 
 
 def _mixtral(transformers, experts: int = 3, implementation: str | None = None):
-    cfg = transformers.MixtralConfig(
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=16,
-        vocab_size=32,
-        num_local_experts=experts,
-        max_position_embeddings=16,
-    )
+    cfg = mixtral_config(transformers, layers=2, experts=experts)
     if implementation is not None:
         cfg._experts_implementation = implementation
     torch.manual_seed(0)
