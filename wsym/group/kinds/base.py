@@ -145,7 +145,7 @@ def per_unit(group: Group, value: Tensor, lv, ax: int, ndim: int) -> Tensor:
 
     A group with index classes (one copy per index value: per head, per expert)
     reads its copy at each index value; every block it acts on must hold each
-    index class once (:func:`require_index`).
+    index class once (else a one-line ValueError).
     """
     if not group.index:
         return along(value, ax, ndim)
