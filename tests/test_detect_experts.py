@@ -309,3 +309,14 @@ def test_per_expert_scaling_blocks_read_one_unit_of_one_expert(stacked):
     moved = wsym.group.kinds.kind_of(g).act(spec, g, scales, sd)
     after = gather(spec, g, moved)
     assert torch.allclose(after[0], parts[0] * scales.reshape(-1, 1, 1), rtol=1e-15, atol=0)
+
+
+def test_per_expert_conserved_quantities(stacked):
+    """Gradient flow conserves, per expert and unit, ``|w1 row|^2 - |w2 column|^2``."""
+    model, _, spec = stacked
+    sd = model.state_dict()
+    q = spec.conserved(sd)
+    i = next(i for i, g in enumerate(spec.groups) if g.kind == "scaling" and g.index)
+    expected = (sd["w1"] ** 2).sum(-1) - (sd["w2"] ** 2).sum(1)
+    assert q[i].shape == (E, F)
+    assert torch.allclose(q[i], expected, rtol=1e-13, atol=1e-13)
