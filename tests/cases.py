@@ -203,6 +203,20 @@ def _bert():
     return transformers.BertModel(cfg)
 
 
+def mixtral_config(transformers, layers: int = 1, experts: int = 2):
+    """A tiny Mixtral: hidden size 16, two heads (one key/value head), top-2 routing."""
+    return transformers.MixtralConfig(
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=16,
+        vocab_size=32,
+        num_local_experts=experts,
+        max_position_embeddings=16,
+    )
+
+
 def _llama():
     import transformers
 

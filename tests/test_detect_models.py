@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from cases import independent_deviation
+from cases import independent_deviation, mixtral_config
 from torch.func import functional_call
 
 import wsym
@@ -74,16 +74,7 @@ def test_timm_models_named_in_the_issue(name, size):
 
 def _mixtral_config(transformers):
     """A one-layer Mixtral with two experts."""
-    return transformers.MixtralConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=16,
-        vocab_size=32,
-        num_local_experts=2,
-        max_position_embeddings=16,
-    )
+    return mixtral_config(transformers)
 
 
 def test_mixtral_without_float64_kernel_is_verified_in_float32():

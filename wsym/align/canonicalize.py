@@ -29,7 +29,14 @@ from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
 from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
-from wsym.group.units import block_classes, block_matrices, odd_rows, unit_matrix, unit_sums
+from wsym.group.units import (
+    block_classes,
+    block_matrices,
+    odd_rows,
+    per_class_only,
+    unit_matrix,
+    unit_sums,
+)
 
 # The continuous kinds, in the order each sweep balances them.
 CONTINUOUS = ("norm_scaling", "scaling", "gl", "orthogonal", "translation")
@@ -99,6 +106,7 @@ def canonical_element(
         apply(i, value)
     for i, g in enumerate(spec.groups):
         if g.kind in kinds and kind_of(g).permutes:
+            per_class_only(g, "canonicalize")
             perm = _order(unit_matrix(spec, work, g.cls))
             if (perm != torch.arange(len(perm))).any():
                 apply(i, perm)

@@ -39,7 +39,7 @@ from wsym.align.assignment import assignment
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
-from wsym.group.units import block_classes, block_matrices, odd_rows, unit_matrix
+from wsym.group.units import block_classes, block_matrices, odd_rows, per_class_only, unit_matrix
 
 ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
 
@@ -69,6 +69,7 @@ def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
         groups = [i for i, g in enumerate(spec.groups) if kind_of(g).permutes]
     out = []
     for i in groups:
+        per_class_only(spec.groups[i], "weight matching")
         cls = spec.groups[i].cls
         signs = tuple(j for j, g in enumerate(spec.groups) if kind_of(g).flips and g.cls == cls)
         blocks = tuple(

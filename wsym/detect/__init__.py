@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from wsym.detect.analyze import analyze, live_nodes, unknown_ops
+from wsym.detect.experts import router_weights, verified_split
 from wsym.detect.solve import solve
 from wsym.detect.tracing.export import record_trace, trace
 from wsym.detect.tracing.networkx import to_networkx
@@ -77,7 +78,8 @@ def detect(
     with _collector_paused():
         spec = find_candidates(traced, model)
     if verify:
-        spec = verify_candidates(spec, model, example_inputs, seed=seed)
+        check = lambda s: verify_candidates(s, model, example_inputs, seed=seed)  # noqa: E731
+        spec = verified_split(spec, check, router_weights(traced))
     object.__setattr__(spec, "graph", to_networkx(traced))
     return spec
 

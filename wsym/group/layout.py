@@ -13,7 +13,9 @@ the rows, per part:
 * ``gl`` / ``orthogonal`` (``matrix`` kinds): part = the axis's parity (rows
   transforming as ``x M`` or ``x M^-T``), index = the group's index classes;
 * ``scaling``-type (``diagonal`` kinds), as ``GL(1)`` blocks: part 0 the
-  entries of exponent +1, part 1 those of exponent -1, shape ``(n, rows, 1)``.
+  entries of exponent +1, part 1 those of exponent -1, shape ``(n, rows, 1)``
+  (``(prod(index) * n, rows, 1)`` for a group with one copy per index value,
+  index-major: one block per expert and unit).
 
 :func:`scatter` is its exact inverse on the entries gathered and its adjoint:
 ``<gather(x), p> == <x, scatter(p)>``.
@@ -234,19 +236,20 @@ def _slots(spec: SymmetrySpec, group: Group) -> tuple:
             axes = [i for i, leaf in enumerate(lv) if leaf.cls == group.cls]
             if len(axes) != 1:
                 continue
+            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
             if diagonal:
                 e = exps.get(lv[axes[0]].var, 0)
                 if e in (1, -1):
-                    out.append((p, b, 0 if e == 1 else 1, (axes[0],)))
+                    out.append((p, b, 0 if e == 1 else 1, (*idx, axes[0])))
                 continue
-            idx = [next(i for i, leaf in enumerate(lv) if leaf.cls == c) for c in group.index]
             out.append((p, b, lv[axes[0]].parity, (*idx, axes[0])))
     return tuple(out)
 
 
 def _moved(block: Tensor, src: tuple, diagonal: bool, h: int) -> Tensor:
-    if diagonal:
-        return block.movedim(src[0], 0).reshape(block.shape[src[0]], -1, 1)
+    if diagonal:  # one GL(1) block per unit (and per index value: per expert)
+        moved = block.movedim(list(src), list(range(len(src))))
+        return moved.reshape(math.prod(moved.shape[: len(src)]), -1, 1)
     dst = [*range(len(src) - 1), block.ndim - 1]
     moved = block.movedim(list(src), dst)
     return moved.reshape(*moved.shape[: len(src) - 1], -1, h)

@@ -17,6 +17,10 @@ kind                  action on every leaf of its class (parity p)
 ``translation``       add a constant to a block of one parameter
 ====================  =========================================================
 
+A group with ``index`` classes has one copy per index value (``count`` copies):
+one GL(h) per attention head, or one S_n / (R+)^n / Z2^n per expert of a mixture
+of experts whose experts are stacked in one tensor (:mod:`wsym.detect.experts`).
+
 The group -> (parameter, axis) map is stored; the parameter -> groups map is
 derived (:meth:`SymmetrySpec.groups_of`). What each kind means (sampling,
 action, inverse, composition, generators) lives in its class,
@@ -74,7 +78,9 @@ class Group:
         count: independent copies (e.g. one GL(h) per attention head).
         params: state-dict keys this group changes.
         cls: the atom class it acts on (-1 for translations).
-        index: classes whose index selects the copy (gl/orthogonal).
+        index: classes whose index selects the copy (gl/orthogonal: one matrix per head;
+            permutation/scaling/sign: one element per expert of stacked expert tensors,
+            value ``(*index, size)``; every block of ``cls`` holds each index class once).
         exponents: ``(occurrence, exponent)`` pairs (scaling, sign, norm_scaling).
         corrections: BatchNorm ``(weight, running_var, eps, u)`` (norm_scaling).
         target: translation ``(param, classes, mode)``; mode "full" or "uniform".

@@ -38,6 +38,24 @@ def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = F
     ]
 
 
+def per_class_only(group: Group, who: str) -> None:
+    """Refuse, in one line, a permutation/scaling/sign group with one copy per index value.
+
+    Such a group (one ``S_n`` per expert of a mixture of experts) moves each
+    index value's units apart; a consumer reading one row per unit of the class
+    (``unit_matrix``, ``unit_sums``, ``odd_rows``) would treat it as one shared copy.
+    """
+    from wsym.errors import WsymInputError
+    from wsym.group.kinds import kind_of
+
+    if group.index and not kind_of(group).matrix:
+        raise WsymInputError(
+            f"{group.notation} ({group.kind}) holds one copy per expert (index value); "
+            f"{who} reads one copy per class: leave the {group.kind} kind out (kinds=...) "
+            f"or drop the group from the spec"
+        )
+
+
 def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
     """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
     cols = []
@@ -63,6 +81,7 @@ def unit_sums(
 
     With ``other``, the per-unit sums of ``entry * other's entry`` instead (``power`` unused).
     """
+    per_class_only(group, "canonicalization of scalings")
     exps = dict(group.exponents)
     out: dict[int, torch.Tensor] = {}
     pairs = _class_blocks(spec, sd, group.cls)
@@ -90,6 +109,7 @@ def odd_rows(
     Blocks that also hold an axis of a class in ``pending`` (whose own sign
     convention is not fixed yet) are left out; None if no block is left.
     """
+    per_class_only(group, "canonicalization of signs")
     exps = dict(group.exponents)
     cols = []
     for block, lv in _class_blocks(spec, sd, group.cls):

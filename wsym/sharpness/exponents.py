@@ -14,6 +14,7 @@ from wsym.group.kinds import kind_of
 from wsym.group.kinds.translation import translate
 from wsym.group.layout import map_blocks
 from wsym.group.spec import SymmetrySpec
+from wsym.group.units import per_class_only
 
 
 def vertical_torus(spec: SymmetrySpec, params: dict[str, Tensor], skip: set[int]) -> list[int]:
@@ -61,6 +62,7 @@ def exponent_entries(
     col = 0
     for i in groups:
         g = spec.groups[i]
+        per_class_only(g, "the sharpness measures' scaling gauge")
         exps = dict(g.exponents)
         for p in g.params:
             if p not in offsets:

@@ -103,6 +103,33 @@ def matmul(ctx: Context, node) -> None:
     einsum_rule(ctx, node, f"{sa},{sb}->{so}", [a, b])
 
 
+def grouped_mm(ctx: Context, node) -> None:
+    """``out[s] = x[s] @ W[e(s)]``: x ``(S, D)``, W ``(E, D, O)``, rows grouped by expert.
+
+    The expert ``e(s)`` of a row is read from the offsets (routing data), so the
+    expert axis of ``W`` is fixed here; ``D`` is contracted and ``O`` carried as
+    in a linear map, one class for all experts (what one element applies to every
+    expert alike; one group per expert is found afterwards, :mod:`wsym.detect.experts`).
+    """
+    x, w = node.args[0], node.args[1]
+    lx, lw = ctx.layouts[x.name], ctx.layouts[w.name]
+    if len(shape(x)) != 2 or len(shape(w)) != 3:
+        ctx.block(lx, "grouped_mm with other than (S, D) x (E, D, O) operands")
+        ctx.block(lw, "grouped_mm with other than (S, D) x (E, D, O) operands")
+        ctx.layouts[node.name] = ctx.fresh(shape(node), "grouped_mm operands")
+        return
+    out = ctx.like(lx[:1]) + ctx.fresh(shape(node)[-1:])
+    ctx.couple(out[0], lx[0])
+    ctx.couple(out[1], lw[2])
+    ctx.couple(lx[1], lw[1], parity=1)
+    ctx.event([lx[1], lw[1]], [lx, lw])
+    ctx.block_dim(lw[0], "the expert of each row is routing data (grouped_mm offsets)")
+    extra = [t for t in (*node.args[2:], *node.kwargs.values()) if is_tensor(t)]
+    for t in extra:  # offsets, and a bias this rule does not read
+        ctx.block(ctx.layouts[t.name], "grouped_mm offsets or bias")
+    ctx.layouts[node.name] = out
+
+
 COPIES = ("aten::clone", "aten::detach", "aten::_to_copy", "aten::alias")
 
 
@@ -323,6 +350,8 @@ RULES = {
     "aten::matmul": matmul,
     "aten::mm": matmul,
     "aten::bmm": matmul,
+    "aten::_grouped_mm": grouped_mm,
+    "transformers::grouped_mm_fallback": grouped_mm,
     "aten::addmm": addmm,
     "aten::mv": vector_product,
     "aten::vdot": vector_product,

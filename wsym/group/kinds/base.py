@@ -73,8 +73,10 @@ class Kind:
         raise NotImplementedError
 
     def notation(self, group: Group) -> str:
-        """The whole group, e.g. ``GL(4)^2`` for two copies."""
+        """The whole group, e.g. ``GL(4)^2`` for two copies (``((R+)^4)^2`` for diagonal kinds)."""
         base = self.symbol(group)
+        if group.count > 1 and self.diagonal:
+            base = f"({base})"
         return f"{base}^{group.count}" if group.count > 1 else base
 
     def copy_dimension(self, h: int) -> int:
@@ -140,6 +142,45 @@ def along(vec: Tensor, axis: int, ndim: int) -> Tensor:
     shape = [1] * ndim
     shape[axis] = -1
     return vec.reshape(shape)
+
+
+def per_unit(group: Group, value: Tensor, lv, ax: int, ndim: int) -> Tensor:
+    """``value`` (``(*index, n)``) shaped to broadcast along a block's index axes and axis ``ax``.
+
+    A group with index classes (one copy per index value: per head, per expert)
+    reads its copy at each index value; every block it acts on must hold each
+    index class once (else a one-line ValueError).
+    """
+    if not group.index:
+        return along(value, ax, ndim)
+    if value.ndim != len(group.index) + 1:
+        raise ValueError(
+            f"{group.notation} ({group.kind}) has one copy per index value: "
+            f"its value has shape (*index, {group.size}), not {tuple(value.shape)}"
+        )
+    positions = [*(_index_axis(group, lv, c) for c in group.index), ax]
+    order = sorted(range(len(positions)), key=positions.__getitem__)
+    shape = [1] * ndim
+    for i in order:
+        shape[positions[i]] = value.shape[i]
+    return value.permute(order).reshape(shape)
+
+
+def _index_axis(group: Group, lv, cls: int) -> int:
+    hits = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
+    if len(hits) != 1:
+        raise ValueError(
+            f"{group.notation} ({group.kind}) is indexed by class {cls}, which a block of "
+            f"its class holds {len(hits)} times (it must hold it once)"
+        )
+    return hits[0]
+
+
+def per_copy_sums(group: Group, block: Tensor, lv, ax: int) -> Tensor:
+    """``(*index, n)``: per copy and unit, the sum of ``block``'s entries (class axis ``ax``)."""
+    src = [*(_index_axis(group, lv, c) for c in group.index), ax]
+    moved = block.movedim(src, list(range(len(src))))
+    return moved.reshape(*moved.shape[: len(src)], -1).sum(-1)
 
 
 def log_uniform(shape, scale, gen) -> Tensor:
