@@ -151,3 +151,30 @@ def test_gpt2_key_bias_translation_through_conv1d():
         y0 = functional_call(m64, sd, (), ids).last_hidden_state
         y1 = functional_call(m64, moved, (), ids).last_hidden_state
     assert (y1 - y0).abs().max() < 1e-12 * y0.abs().max()
+
+
+class Repeated(nn.Module):
+    """``repeat`` as XCiT's positional encoding uses it: copies along a new leading axis."""
+
+    def __init__(self, tile: bool):
+        super().__init__()
+        self.tile = tile
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(12 if tile else 6, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x)).unsqueeze(0)
+        return self.b(h.repeat(3, 1, 2 if self.tile else 1)).sum(0)
+
+
+@pytest.mark.parametrize("tile, expected", [(False, {"permutation": 1, "scaling": 1}), (True, {})])
+def test_repeat_copies_keep_the_units_and_tiles_block_them(tile, expected):
+    """Copies along a size-1 axis keep the units' groups; tiling an axis of units blocks it."""
+    from wsym.detect.tracing.export import record_trace
+
+    torch.manual_seed(0)
+    model, x = Repeated(tile), torch.randn(5, 4)
+    assert record_trace(model, x).program is None  # recorded, not exported
+    spec = wsym.detect(model, x)
+    assert spec.kinds() == expected, spec.table()
+    if expected:
+        assert independent_deviation(model, x, spec, seeds=(0, 1)) < 1e-12

@@ -213,6 +213,22 @@ def expand(ctx: Context, node) -> None:
     ctx.layouts[node.name] = out
 
 
+def repeat(ctx: Context, node) -> None:
+    """repeat: axes repeated from size 1 are broadcast copies (as :func:`expand`).
+
+    An axis of more than one unit repeated more than once holds tiles of the same
+    units, which no layout here describes: it is blocked.
+    """
+    src, reps = node.args[0], list(node.args[1])
+    in_shape = shape(src)
+    offset = len(reps) - len(in_shape)
+    expand(ctx, node)
+    for j, n in enumerate(in_shape):
+        if n > 1 and reps[offset + j] > 1:  # tiles: neither the units nor the copies move
+            ctx.block_dim(ctx.layouts[src.name][j], "repeat tiles an axis")
+            ctx.block_dim(ctx.layouts[node.name][offset + j], "repeat tiles an axis")
+
+
 def pad(ctx: Context, node) -> None:
     """pad(x, pads, mode, value): the trailing ``len(pads) / 2`` axes grow; the others pass.
 
@@ -523,6 +539,7 @@ RULES.update(
         "aten::mT": matrix_t,
         "aten::expand": expand,
         "aten::expand_as": expand,
+        "aten::repeat": repeat,
         "aten::pad": pad,
         "aten::constant_pad_nd": pad,
         "aten::select": select,
