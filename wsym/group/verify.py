@@ -263,17 +263,20 @@ def probes(probe: Probe, regimes=None) -> list[Probe]:
     """
     if not probe.scalable:
         return [probe]
-    other = probe
-    if regimes is not None and regimes != probe.dtype:
-        other = probe.in_dtype(regimes)
-        try:
-            other.reference(other.generic)
-        except RuntimeError:
-            other = probe
-    return [
-        probe if f == probe.input_scale else other.rescaled(f / other.input_scale)
-        for f in INPUT_SCALES
-    ]
+
+    def scaled(p: Probe) -> list[Probe]:
+        return [
+            probe if f == probe.input_scale else p.rescaled(f / p.input_scale) for f in INPUT_SCALES
+        ]
+
+    if regimes is None or regimes == probe.dtype:
+        return scaled(probe)
+    out = scaled(probe.in_dtype(regimes))
+    try:
+        out[1].reference(out[1].generic)  # kept: the probe needs it anyway
+    except RuntimeError:
+        return scaled(probe)
+    return out
 
 
 class _nothing:
