@@ -121,7 +121,9 @@ def test_activations_then_weights_keeps_the_function_and_lowers_the_seed(detecte
     model, _, spec = detected("tiny-transformer")
     sd = double(model.state_dict())
     torch.manual_seed(11)
-    other = {k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sd.items()}
+    other = {
+        k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sd.items()
+    }
     other = spec.act(spec.sample(seed=4, kinds=["permutation", "sign"]), other)
     batches = [(torch.randn(16, 6, 4), None) for _ in range(3)]
     back = wsym.align(sd, other, spec, "activations+weights", model=model, batches=batches)
