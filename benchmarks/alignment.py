@@ -24,6 +24,8 @@ A's basis with
 * ``wsym activations``: ``wsym.align(..., "activations")`` on 4 train batches of 256;
 * ``wsym act+weights``: ``wsym.align(..., "activations+weights")``: activation
   matching's permutations as the start of weight matching, which moves every class;
+* ``wsym perm only``: wsym's weight matching alone (permutations and signs, as
+  rebasin does; no continuous group fitted);
 * ``rebasin``: ``rebasin.PermutationCoordinateDescent`` (PyPI ``rebasin``) on a copy,
 
 each over ``--orders`` visiting orders of coordinate descent (wsym ``seed=``,
@@ -57,7 +59,8 @@ import torch
 from torch.nn import functional as F
 
 import wsym
-from wsym.align.alignment import weight_matching
+from wsym.align.alignment import _float64, weight_matching
+from wsym.align.continuous import mismatch
 from wsym.align.interpolate import Curve
 from wsym.align.merge import reset_batchnorm_stats
 from wsym.group.elements import GroupElement, act
@@ -194,13 +197,13 @@ def rebasin_align(model_a, model_b, x, repeats: int, seed: int = 0):
     return {k: v.detach().clone() for k, v in net.state_dict().items()}, statistics.median(times)
 
 
-def permutation_only(sd_a: dict, sd_b: dict, spec) -> dict:
-    """wsym's weight matching on the raw weights (no canonicalization first)."""
+def permutation_only(sd_a: dict, sd_b: dict, spec, seed: int = 0) -> dict:
+    """wsym's weight matching on the raw weights (no continuous group moves)."""
     ref, other = (
         {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
         for sd in (sd_a, sd_b)
     )
-    moved = act(spec, GroupElement(tuple(weight_matching(spec, ref, other))), other)
+    moved = act(spec, GroupElement(tuple(weight_matching(spec, ref, other, seed=seed))), other)
     return {k: v.to(sd_b[k].dtype) for k, v in moved.items()}
 
 
@@ -271,6 +274,7 @@ ALIGNERS = {
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
     "wsym act+weights": {"method": "activations+weights", "continuous": "reference"},
+    "wsym perm only": None,  # weight matching alone: permutations and signs, no continuous fit
 }
 REPAIRED = ("wsym", "wsym act+weights")  # aligners whose paths are also measured with REPAIR
 
@@ -292,6 +296,7 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
     def measure(sd, seconds, repair=True):
         m = {
             "seconds": seconds,
+            "objective": mismatch(spec, _float64(sd_a), _float64(sd)),
             "output_change": output_change(model_a, sd_b, sd, x_check),
             "l2_to_a": l2(sd_a, sd),
         }
@@ -315,16 +320,19 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
         runs = []
         for seed in range(orders if name != "wsym activations" else 1):
             start = time.process_time()
-            sd = wsym.align(
-                sd_a,
-                sd_b,
-                spec,
-                kw["method"],
-                continuous=kw["continuous"],
-                model=model_a,
-                batches=stat_batches,
-                seed=seed,
-            )
+            if kw is None:
+                sd = permutation_only(sd_a, sd_b, spec, seed)
+            else:
+                sd = wsym.align(
+                    sd_a,
+                    sd_b,
+                    spec,
+                    kw["method"],
+                    continuous=kw["continuous"],
+                    model=model_a,
+                    batches=stat_batches,
+                    seed=seed,
+                )
             runs.append(measure(sd, time.process_time() - start, repair=name in REPAIRED))
         methods[name] = runs
     runs = []
@@ -375,7 +383,14 @@ def seconds(runs: list[dict]) -> float | None:
     return statistics.median(values) if values else None
 
 
-COLUMNS = ("wsym", "wsym canonical", "wsym activations", "wsym act+weights", "rebasin")
+COLUMNS = (
+    "wsym",
+    "wsym canonical",
+    "wsym activations",
+    "wsym act+weights",
+    "wsym perm only",
+    "rebasin",
+)
 
 
 def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
@@ -401,6 +416,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             "",
             "",
             cell(ms["wsym act+weights"], key, naive_r),
+            "",
             cell(ms["rebasin"], key, naive_r) if "error" not in ms["rebasin"][0] else "",
         )
     )
@@ -443,6 +459,18 @@ def report(results: list[dict], orders: int) -> None:
             f"   ({res['parameters']} parameters, {res['groups']} groups,"
             f" detect {res['detect_seconds']:.2f} s)"
         )
+    print(
+        "\nWeight-matching objective sum_k ||B_k - A_k||^2 (parameters) after alignment:"
+        " median [least-largest] over the orders"
+    )
+    for res in results:
+        parts = []
+        for name, runs in res["methods"].items():
+            if "error" not in runs[0]:
+                values = [r["objective"] for r in runs]
+                spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
+                parts.append(f"{name} {statistics.median(values):.1f}{spread}")
+        print(f"  {res['name']:<12} " + ", ".join(parts))
     print("\nLargest relative output change of B over the orders (function kept: < 1e-6)")
     for res in results:
         parts = []
