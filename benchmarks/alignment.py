@@ -22,6 +22,10 @@ A's basis with
 * ``wsym canonical``: ``continuous="canonical"`` (the previous default: both
   canonicalized in their continuous groups, then matched);
 * ``wsym activations``: ``wsym.align(..., "activations")`` on 4 train batches of 256;
+* ``wsym act+weights``: ``wsym.align(..., "activations+weights")``: activation
+  matching's permutations as the start of weight matching, which moves every class;
+* ``wsym perm only``: wsym's weight matching alone (permutations and signs, as
+  rebasin does; no continuous group fitted);
 * ``rebasin``: ``rebasin.PermutationCoordinateDescent`` (PyPI ``rebasin``) on a copy,
 
 each over ``--orders`` visiting orders of coordinate descent (wsym ``seed=``,
@@ -29,7 +33,8 @@ rebasin ``torch.manual_seed``; activations one order), and reports the loss
 barrier (largest excess of the loss over the straight line between the
 endpoint losses, 11 points) on the train and the test split, median and range
 over the orders, as is and with REPAIR at every point (``wsym.interpolate(...,
-repair=True)``, statistics on 4 train batches of 256; for the BatchNorm CNN
+repair=True)``, statistics on 4 train batches of 256, for ``wsym``, ``wsym
+act+weights`` and rebasin; for the BatchNorm CNN
 this is the BatchNorm statistics reset). Times are CPU seconds
 (``time.process_time``, one torch thread), median over the orders: wsym's is
 ``wsym.align`` with the spec given, rebasin's its whole use on the pair
@@ -54,7 +59,8 @@ import torch
 from torch.nn import functional as F
 
 import wsym
-from wsym.align.alignment import weight_matching
+from wsym.align.alignment import _float64, weight_matching
+from wsym.align.continuous import mismatch
 from wsym.align.interpolate import Curve
 from wsym.align.merge import reset_batchnorm_stats
 from wsym.group.elements import GroupElement, act
@@ -191,13 +197,13 @@ def rebasin_align(model_a, model_b, x, repeats: int, seed: int = 0):
     return {k: v.detach().clone() for k, v in net.state_dict().items()}, statistics.median(times)
 
 
-def permutation_only(sd_a: dict, sd_b: dict, spec) -> dict:
-    """wsym's weight matching on the raw weights (no canonicalization first)."""
+def permutation_only(sd_a: dict, sd_b: dict, spec, seed: int = 0) -> dict:
+    """wsym's weight matching on the raw weights (no continuous group moves)."""
     ref, other = (
         {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
         for sd in (sd_a, sd_b)
     )
-    moved = act(spec, GroupElement(tuple(weight_matching(spec, ref, other))), other)
+    moved = act(spec, GroupElement(tuple(weight_matching(spec, ref, other, seed=seed))), other)
     return {k: v.to(sd_b[k].dtype) for k, v in moved.items()}
 
 
@@ -267,7 +273,10 @@ ALIGNERS = {
     "wsym": {"method": "weights", "continuous": "reference"},
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
+    "wsym act+weights": {"method": "activations+weights", "continuous": "reference"},
+    "wsym perm only": None,  # weight matching alone: permutations and signs, no continuous fit
 }
+REPAIRED = ("wsym", "wsym act+weights")  # aligners whose paths are also measured with REPAIR
 
 
 def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
@@ -287,6 +296,7 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
     def measure(sd, seconds, repair=True):
         m = {
             "seconds": seconds,
+            "objective": mismatch(spec, _float64(sd_a), _float64(sd)),
             "output_change": output_change(model_a, sd_b, sd, x_check),
             "l2_to_a": l2(sd_a, sd),
         }
@@ -310,17 +320,20 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
         runs = []
         for seed in range(orders if name != "wsym activations" else 1):
             start = time.process_time()
-            sd = wsym.align(
-                sd_a,
-                sd_b,
-                spec,
-                kw["method"],
-                continuous=kw["continuous"],
-                model=model_a,
-                batches=stat_batches,
-                seed=seed,
-            )
-            runs.append(measure(sd, time.process_time() - start, repair=name == "wsym"))
+            if kw is None:
+                sd = permutation_only(sd_a, sd_b, spec, seed)
+            else:
+                sd = wsym.align(
+                    sd_a,
+                    sd_b,
+                    spec,
+                    kw["method"],
+                    continuous=kw["continuous"],
+                    model=model_a,
+                    batches=stat_batches,
+                    seed=seed,
+                )
+            runs.append(measure(sd, time.process_time() - start, repair=name in REPAIRED))
         methods[name] = runs
     runs = []
     for seed in range(orders):
@@ -370,16 +383,24 @@ def seconds(runs: list[dict]) -> float | None:
     return statistics.median(values) if values else None
 
 
-COLUMNS = ("wsym", "wsym canonical", "wsym activations", "rebasin")
+COLUMNS = (
+    "wsym",
+    "wsym canonical",
+    "wsym activations",
+    "wsym act+weights",
+    "wsym perm only",
+    "rebasin",
+)
 
 
 def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
     """Per pair: as is, then with REPAIR (BatchNorm: statistics reset) at every point."""
     ms = res["methods"]
     naive = ms["naive"][0][split].barrier
-    w_s, rb_s = seconds(ms["wsym"]), seconds(ms["rebasin"])
+    w_s, aw_s, rb_s = seconds(ms["wsym"]), seconds(ms["wsym act+weights"]), seconds(ms["rebasin"])
     times = (
         f"{w_s:.3f}",
+        f"{aw_s:.3f}",
         f"{rb_s:.3f}" if rb_s is not None else "",
         f"{rb_s / w_s:.2f}" if rb_s is not None else "",
     )
@@ -394,6 +415,8 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             cell(ms["wsym"], key, naive_r),
             "",
             "",
+            cell(ms["wsym act+weights"], key, naive_r),
+            "",
             cell(ms["rebasin"], key, naive_r) if "error" not in ms["rebasin"][0] else "",
         )
     )
@@ -401,7 +424,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
 
 
 def print_table(results: list[dict], split: str) -> None:
-    head = ("pair", "naive", *COLUMNS, "wsym s", "rebasin s", "rebasin/wsym")
+    head = ("pair", "naive", *COLUMNS, "wsym s", "a+w s", "rebasin s", "rebasin/wsym")
     lines = [row for res in results for row in table_rows(res, split)]
     lines = [row + ("",) * (len(head) - len(row)) for row in lines]
     widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
@@ -420,8 +443,10 @@ def report(results: list[dict], orders: int) -> None:
         "\n* the aligned model B computes a different function (relative output change > 1e-3)."
         "\nwsym: wsym.align(method='weights') (continuous groups fitted to A);"
         " wsym canonical: continuous='canonical' (the previous default);"
-        "\nwsym activations: one order. REPAIR / BN statistics reset at every point of the path"
-        " on 4 train batches of 256.\nwsym s, rebasin s: median CPU seconds of one alignment"
+        "\nwsym activations: one order; wsym act+weights: method='activations+weights'"
+        " (activation matching's permutations as the start of weight matching)."
+        "\nREPAIR / BN statistics reset at every point of the path on 4 train batches of 256."
+        "\nwsym s, a+w s, rebasin s: median CPU seconds of one alignment"
         " (spec given; rebasin traces the pair itself); wsym.detect: see below."
     )
     print("\nFinal models (seed 0 / seed 1): train accuracy, test accuracy, training CPU seconds")
@@ -434,6 +459,18 @@ def report(results: list[dict], orders: int) -> None:
             f"   ({res['parameters']} parameters, {res['groups']} groups,"
             f" detect {res['detect_seconds']:.2f} s)"
         )
+    print(
+        "\nWeight-matching objective sum_k ||B_k - A_k||^2 (parameters) after alignment:"
+        " median [least-largest] over the orders"
+    )
+    for res in results:
+        parts = []
+        for name, runs in res["methods"].items():
+            if "error" not in runs[0]:
+                values = [r["objective"] for r in runs]
+                spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
+                parts.append(f"{name} {statistics.median(values):.1f}{spread}")
+        print(f"  {res['name']:<12} " + ", ".join(parts))
     print("\nLargest relative output change of B over the orders (function kept: < 1e-6)")
     for res in results:
         parts = []

@@ -109,3 +109,36 @@ def test_activation_matching_recovers_a_permuted_sign_flipped_copy(detected):
     batches = [(torch.randn(16, 6, 4), None) for _ in range(3)]
     back = wsym.align(sd, moved, spec, "activations", model=model, batches=batches)
     assert distance(sd, back) < 1e-8
+
+
+def test_activations_then_weights_keeps_the_function_and_lowers_the_seed(detected):
+    """Activation matching's permutations are only the start: weight matching then moves on."""
+    from wsym.align.alignment import SIGNS, activation_matching
+    from wsym.align.canonicalize import canonical_element
+    from wsym.align.continuous import mismatch
+    from wsym.group.elements import GroupElement, act
+
+    model, _, spec = detected("tiny-transformer")
+    sd = double(model.state_dict())
+    torch.manual_seed(11)
+    other = {
+        k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sd.items()
+    }
+    other = spec.act(spec.sample(seed=4, kinds=["permutation", "sign"]), other)
+    batches = [(torch.randn(16, 6, 4), None) for _ in range(3)]
+    back = wsym.align(sd, other, spec, "activations+weights", model=model, batches=batches)
+    x = torch.randn(5, 6, 4, dtype=torch.float64)
+    net = copy.deepcopy(model).double()
+    outs = []
+    for state in (other, back):
+        net.load_state_dict(state)
+        outs.append(net(x))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-9, rtol=1e-9)
+    ref, _ = canonical_element(sd, spec, kinds=SIGNS)
+    start, _ = canonical_element(other, spec, kinds=SIGNS)
+    perms, _ = activation_matching(spec, model, ref, start, batches)
+    seeded = act(spec, GroupElement(tuple(perms)), start)
+    assert mismatch(spec, sd, back) < mismatch(spec, ref, seeded)
+    moved = spec.act(spec.sample(seed=5, kinds=["permutation", "sign"]), sd)
+    back = wsym.align(sd, moved, spec, "activations+weights", model=model, batches=batches)
+    assert distance(sd, back) < 1e-8

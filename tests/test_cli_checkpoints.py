@@ -98,7 +98,7 @@ def test_canon_with_a_saved_spec_matches_detection(capsys, files, tmp_path):
     assert max_difference(load_state_dict(detected), load_state_dict(saved)) < 1e-12
 
 
-@pytest.mark.parametrize("method", ["weights", "activations"])
+@pytest.mark.parametrize("method", ["weights", "activations", "activations+weights"])
 def test_align_of_a_moved_copy_has_zero_distance(capsys, files, tmp_path, method):
     out = tmp_path / "aligned.safetensors"
     argv = [*MLP, files["a"], files["moved"], "--out", out, "--json", "--method", method]
@@ -215,6 +215,10 @@ def test_bad_checkpoints_exit_2_and_write_nothing(
     [
         (["merge", *MLP, "A", "--out", "m.pt"], "at least two checkpoints"),
         (["align", *MLP, "A", "A", "--out", "x.pt", "--method", "activations"], "--data NAME"),
+        (
+            ["merge", *MLP, "A", "A", "--out", "m.pt", "--method", "activations+weights"],
+            "--data NAME",
+        ),
         (["merge", *MLP, "A", "A", "--out", "m.pt", "--reset-batchnorm"], "--data NAME"),
         (["canon", *MODEL, "A", "--out", "c.pt"], "pass --input SHAPE"),
         (["canon", *MLP, "A", "--out", "c.npz"], "unsupported suffix"),

@@ -32,12 +32,25 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
     every other axis of a site counts as samples (batch, positions, and feature
     axes of canonicalized blocks). The model itself is not modified.
     """
-    batches = list(batches)
+    return sites_at_states(model, [state_dict], batches, sites)[0]
+
+
+def sites_at_states(model: torch.nn.Module, state_dicts: list, batches, sites) -> list[dict]:
+    """:func:`site_activations` at each of ``state_dicts``, the model traced once.
+
+    Batches of one tensor with the same trailing shape run as one batch (a
+    recorded forward pass costs per operation, not per sample).
+    """
+    batches = _joined(list(batches))
     if not batches:
         raise WsymInputError(
             "no batches given for activation matching; pass a few (inputs, targets)"
         )
     traced = detection_trace(model, batches[0][0])  # the graph the sites name nodes of
+    return [_activations(model, traced, sd, batches, sites) for sd in state_dicts]
+
+
+def _activations(model, traced, state_dict: dict, batches: list, sites) -> dict:
     state = {
         k: v.detach().to(torch.float64) if v.is_floating_point() else v
         for k, v in state_dict.items()
@@ -78,6 +91,16 @@ def site_activations(model: torch.nn.Module, state_dict: dict, batches, sites) -
                 x = seen[node]
                 out[(node, d)].append(x.movedim(d, -1).reshape(-1, x.shape[d]).double())
     return {site: torch.cat(v) for site, v in out.items()}
+
+
+def _joined(batches: list) -> list:
+    """``batches`` as one ``(inputs, None)`` where every input is a tensor of one trailing shape."""
+    inputs = [b[0] for b in batches]
+    if len(inputs) < 2 or not all(torch.is_tensor(x) and x.dim() > 0 for x in inputs):
+        return batches
+    if len({tuple(x.shape[1:]) for x in inputs}) != 1:
+        return batches
+    return [(torch.cat(inputs), None)]
 
 
 @contextlib.contextmanager

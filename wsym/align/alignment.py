@@ -54,6 +54,10 @@ CANON_TOL = 1e-10
 # three to 0.006 and 20% less time on the small pairs).
 ROUND_TOL = 1e-2
 CONTINUOUS = ("reference", "canonical", "canonical+reference")
+# "activations+weights": activation matching's permutations as the start of weight matching,
+# which then moves every class (the "activations" method holds the classes with a site).
+METHODS = ("weights", "activations", "activations+weights")
+DATA_METHODS = ("activations", "activations+weights")
 # continuous="reference" matches raw weights where both checkpoints are near their balanced
 # point: every unit within this factor (log) of its balanced scale, every GL block's balancing
 # element within this square-rooted condition number. Trained pairs of benchmarks/alignment.py
@@ -80,7 +84,10 @@ def align(
         sd_ref: the reference state dict (of the architecture ``spec`` describes).
         sd_other: the state dict to move.
         spec: the :class:`~wsym.group.spec.SymmetrySpec`.
-        method: ``"weights"`` or ``"activations"`` (needs ``model`` and ``batches``).
+        method: ``"weights"``, ``"activations"`` (needs ``model`` and ``batches``;
+            classes with a traced site keep activation matching's permutation) or
+            ``"activations+weights"`` (activation matching's permutations as the
+            start of weight matching, which moves every class on).
         continuous: ``"reference"`` (default): from the raw weights (from the
             canonical alignment where a checkpoint is far from balanced, see
             ``IMBALANCE``), the
@@ -107,15 +114,17 @@ def align(
         True
     """
     check_same_architecture(spec, sd_ref, sd_other)
-    if method not in ("weights", "activations"):
-        raise WsymInputError(f"unknown alignment method {method!r}; use 'weights' or 'activations'")
+    if method not in METHODS:
+        raise WsymInputError(
+            f"unknown alignment method {method!r}; use one of {', '.join(METHODS)}"
+        )
     if continuous not in CONTINUOUS:
         raise WsymInputError(
             f"unknown continuous alignment {continuous!r}; use one of {', '.join(CONTINUOUS)}"
         )
-    if method == "activations" and (model is None or batches is None):
+    if method in DATA_METHODS and (model is None or batches is None):
         raise WsymInputError(
-            "activation matching needs model= and batches=; or use method='weights'"
+            f"method={method!r} needs model= and batches=; or use method='weights'"
         )
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
@@ -158,13 +167,15 @@ def reference_alignment(
     weight-matching objective or keeps it, and the rounds stop when a round
     lowers it by less than ``ROUND_TOL`` relative. With ``method="activations"``
     the permutations of classes with a traced site come from activations
-    first, and stay fixed.
+    first, and stay fixed; with ``"activations+weights"`` they are only the
+    start, and weight matching moves them on.
     """
     fixed: set[int] = set()
     current = other
-    if method == "activations":
-        perms, fixed = activation_matching(spec, model, ref, current, batches)
+    if method in DATA_METHODS:
+        perms, matched = activation_matching(spec, model, ref, current, batches)
         current = act(spec, GroupElement(tuple(perms)), current)
+        fixed = matched if method == "activations" else set()
     value = mismatch(spec, ref, current)
     scale = mismatch(spec, ref, {k: torch.zeros_like(v) for k, v in ref.items()})
     if value <= 1e-16 * scale:  # on the reference to 1e-8 (a recovered copy): nothing to fit
@@ -194,7 +205,8 @@ def _canonical_alignment(
     else:
         perms, matched = activation_matching(spec, options["model"], ref, other, options["batches"])
         other = act(spec, GroupElement(tuple(perms)), other)
-        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, fixed=matched)
+        fixed = matched if method == "activations" else set()
+        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, fixed=fixed)
     aligned = act(spec, GroupElement(tuple(perms)), other)
     aligned = act(spec, GroupElement(tuple(procrustes(spec, ref, aligned))), aligned)
     return act(spec, g_ref.inverse(), aligned)
@@ -254,7 +266,7 @@ def activation_matching(
     weights. Returns the permutation components and the permutation groups
     they settle (those with a site, moved or not).
     """
-    from wsym.align.activations import site_activations
+    from wsym.align.activations import sites_at_states
 
     sites: dict[int, list] = {}
     for c, node, d in spec.sites:
@@ -263,9 +275,11 @@ def activation_matching(
     if not groups:
         return [], set()
     wanted = {s for g in groups.values() for s in sites[g.cls]}
-    acts_ref = site_activations(model, ref, batches, wanted)
-    acts_other = site_activations(model, other, batches, wanted)
-    flipped = _sign_affected(spec, model, ref, batches, {g.cls for g in groups.values()}, acts_ref)
+    classes = {g.cls for g in groups.values()}
+    flips = _half_flipped(spec, classes)
+    states = [ref, other] + ([act(spec, GroupElement(tuple(flips)), ref)] if flips else [])
+    acts_ref, acts_other, *moved = sites_at_states(model, states, batches, wanted)
+    flipped = _sign_affected(acts_ref, moved[0]) if moved else set()
     comps = []
     for i, g in groups.items():
         kept = [s for s in sites[g.cls] if s not in flipped] or sites[g.cls]
@@ -280,17 +294,17 @@ def activation_matching(
     return comps, set(groups)
 
 
-def _sign_affected(spec: SymmetrySpec, model, ref: dict, batches, classes, acts_ref) -> set:
-    """Sites whose activations change when every sign group of their class flips half its units."""
-    comps = []
-    for i, g in enumerate(spec.groups):
-        if kind_of(g).flips and g.cls in classes:
-            comps.append((i, torch.where(torch.arange(g.size) % 2 == 0, -1.0, 1.0).double()))
-    if not comps:
-        return set()
-    from wsym.align.activations import site_activations
+def _half_flipped(spec: SymmetrySpec, classes) -> list:
+    """Every sign group of ``classes`` flipping half its units (even indices)."""
+    return [
+        (i, torch.where(torch.arange(g.size) % 2 == 0, -1.0, 1.0).double())
+        for i, g in enumerate(spec.groups)
+        if kind_of(g).flips and g.cls in classes
+    ]
 
-    moved = site_activations(model, act(spec, GroupElement(tuple(comps)), ref), batches, acts_ref)
+
+def _sign_affected(acts_ref: dict, moved: dict) -> set:
+    """Sites whose activations change when every sign group of their class flips half its units."""
     return {
         s
         for s, a in acts_ref.items()

@@ -61,7 +61,7 @@ def merge(
     Args:
         state_dicts: two or more state dicts of the architecture ``spec`` describes.
         spec: the :class:`~wsym.group.spec.SymmetrySpec`.
-        method: alignment method, ``"weights"`` or ``"activations"``.
+        method: alignment method, ``"weights"``, ``"activations"`` or ``"activations+weights"``.
         continuous: ``"reference"`` or ``"canonical"`` (see :func:`wsym.align`).
         model: the module (activation matching, BatchNorm reset, REPAIR, barriers).
         batches: iterable of ``(inputs, targets)`` (activation matching, statistics).

@@ -28,7 +28,7 @@ from wsym.cli.prepare import (
 from wsym.errors import WsymInputError
 from wsym.io.files import write_files
 
-METHODS = ("weights", "activations")
+METHODS = ("weights", "activations", "activations+weights")  # as wsym.align.alignment.METHODS
 _CANON_EXAMPLE = """\
 examples:
   wsym canon --model wsym:mlp --config d_in=40 --input 8,40 a.safetensors --out a.canon.safetensors
@@ -172,7 +172,7 @@ def run_align(args: argparse.Namespace) -> int:
     from wsym.io import save_state_dict
 
     out = check_state_dict_out(args.out)
-    _need_data(args, args.method == "activations", "--method activations")
+    _need_data(args, args.method != "weights", f"--method {args.method}")
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
@@ -203,7 +203,7 @@ def run_merge(args: argparse.Namespace) -> int:
     out = check_state_dict_out(args.out)
     if len(args.checkpoints) < 2:
         raise WsymInputError("merge needs at least two checkpoints; pass CK1 CK2 [CK3 ...]")
-    _need_data(args, args.method == "activations", "--method activations")
+    _need_data(args, args.method != "weights", f"--method {args.method}")
     _need_data(args, args.reset_batchnorm, "--reset-batchnorm")
     _need_data(args, args.repair, "--repair")
     job = prepare(args, args.checkpoints)
@@ -348,7 +348,7 @@ def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
 
 def _scratch(model: Any, method: str) -> Any:
     """For activation matching, a float64 copy of ``model`` (it runs it in float64)."""
-    return copy.deepcopy(model).double() if method == "activations" else model
+    return copy.deepcopy(model).double() if method not in ("weights", "none") else model
 
 
 def _need_data(args: argparse.Namespace, needed: bool, what: str) -> None:
