@@ -234,3 +234,27 @@ def test_boost_target_of_a_member_moves_exactly_with_its_own_target():
     assert float(after[3, 0] - before[3, 0]) == pytest.approx(2.0, abs=1e-12)
     # the other members move: the fold models that predict them saw member 3
     assert (after - before).abs().sum() - 2.0 > 1e-6
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_path_features_are_invariant_to_the_whole_group_and_see_the_coupling(detected, name):
+    from wsym.metanet.invariant import invariant_form
+    from wsym.testing import uncoupled_permutation
+
+    ((spec, sd),) = _members(detected)[MIXED.index(name) : MIXED.index(name) + 1]
+    u = UniversalSchema.from_spec(spec)
+    assert u.pairs and u.chain  # every park family has consecutive dense weights
+
+    def paths(s):
+        return u.graph(invariant_form(s, spec)).path_x
+
+    ref = paths(sd)
+    scale = ref.abs().max()
+    for seed in (0, 1):
+        assert (paths(spec.act(spec.sample(seed=seed), sd)) - ref).abs().max() <= 1e-9 * scale
+    moved = [
+        float((paths(uncoupled_permutation(spec, sd, i, 0)) - ref).abs().max() / scale)
+        for i, g in enumerate(spec.groups)
+        if g.kind == "permutation" and g.size > 1
+    ]
+    assert max(moved) > 1e-3  # a broken coupling between two layers shows in their product
