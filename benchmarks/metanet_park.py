@@ -29,8 +29,9 @@ subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke r
 (message-passing depth, width, target normalization, training budget, the
 joint readout): test tau of its statistics branch, its graph branch and the
 combination; ``--study-rows`` picks rows by label (comma list; labels hold no
-comma). ``--combine joint`` and ``--stat-readout`` configure the park metanet
-(:mod:`wsym.metanet.park`); the fits and tables are
+comma). ``--combine joint|boost``, ``--stat-readout`` and ``--paths`` configure the park
+metanet (:mod:`wsym.metanet.park`); ``--targets`` picks the target columns; the fits
+and tables are
 :mod:`wsym.metanet.park_evaluate`'s, as ``wsym metanet eval`` on a park.
 """
 
