@@ -118,6 +118,8 @@ STUDY = {
     "cross-layer path features in the readout": {"paths": True},
     "path features without message passing (layers 0)": {"paths": True, "layers": 0},
     "boosted with cross-layer path features": {"combine": "boost", "paths": True},
+    "path features and deeper message passing (layers 3)": {"paths": True, "layers": 3},
+    "path features and twice the epochs": {"paths": True, "epochs": "x2", "patience": "x2"},
 }
 
 
