@@ -29,8 +29,9 @@ subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke r
 (message-passing depth, width, target normalization, training budget, the
 joint readout): test tau of its statistics branch, its graph branch and the
 combination; ``--study-rows`` picks rows by label (comma list; labels hold no
-comma). ``--combine joint`` and ``--stat-readout`` configure the park metanet
-(:mod:`wsym.metanet.park`); the fits and tables are
+comma). ``--combine joint|boost``, ``--stat-readout`` and ``--paths`` configure the park
+metanet (:mod:`wsym.metanet.park`); ``--targets`` picks the target columns; the fits
+and tables are
 :mod:`wsym.metanet.park_evaluate`'s, as ``wsym metanet eval`` on a park.
 """
 
@@ -73,6 +74,7 @@ def park_options(args) -> dict:
         "stat_readout": args.stat_readout,
         "lr": args.lr,
         "combine": args.combine,
+        "paths": args.paths,
     }
 
 
@@ -88,6 +90,7 @@ def run(paths: str, args) -> dict:
         names=args.predictors.split(","),
         seeds=tuple(range(args.seeds)),
         options=park_options(args),
+        targets=tuple(args.targets),
         progress=True,
     )
     return {"zoo": paths, "architectures": n_arch, **report}
@@ -110,6 +113,13 @@ STUDY = {
         "combine": "joint",
         "stat_readout": True,
     },
+    "boosted on out-of-fold residuals": {"combine": "boost", "stat_readout": True},
+    "boosted with a graph head without the statistics": {"combine": "boost"},
+    "cross-layer path features in the readout": {"paths": True},
+    "path features without message passing (layers 0)": {"paths": True, "layers": 0},
+    "boosted with cross-layer path features": {"combine": "boost", "paths": True},
+    "path features and deeper message passing (layers 3)": {"paths": True, "layers": 3},
+    "path features and twice the epochs": {"paths": True, "epochs": "x2", "patience": "x2"},
 }
 
 
@@ -121,9 +131,9 @@ def study(paths: str, args) -> str:
     cache: dict = {}
     lines = [
         "| change | "
-        + " | ".join(f"{t} {s}: stats / graph / blended" for s in splits for t in TARGETS)
+        + " | ".join(f"{t} {s}: stats / graph / blended" for s in splits for t in args.targets)
         + " | fit s |",
-        "|---|" + "---|" * (len(splits) * len(TARGETS)) + "---|",
+        "|---|" + "---|" * (len(splits) * len(args.targets)) + "---|",
     ]
     rows = STUDY if not args.study_rows else {k: STUDY[k] for k in args.study_rows.split(",")}
     for label, change in rows.items():
@@ -134,7 +144,7 @@ def study(paths: str, args) -> str:
         }
         opts = {k: int(v) if k in ("epochs", "patience") else v for k, v in opts.items()}
         cells, seconds = {}, 0.0
-        for target in TARGETS:
+        for target in args.targets:
             p, start = ParkMetanet("both", cache=cache, **{**base, **opts}), time.perf_counter()
             p.fit(pairs["train"], ys["train"][target], pairs["val"], ys["val"][target], 0)
             seconds += time.perf_counter() - start
@@ -144,7 +154,7 @@ def study(paths: str, args) -> str:
                     for q in (branch_alone(p, "stats"), branch_alone(p, "graph"), p)
                 ]
                 cells[(split, target)] = " / ".join(f"{t:.3f}" for t in taus)
-        row = " | ".join(cells[(s, t)] for s in splits for t in TARGETS)
+        row = " | ".join(cells[(s, t)] for s in splits for t in args.targets)
         lines.append(f"| {label} | {row} | {seconds:.0f} |")
         print(lines[-1], file=sys.stderr)
     return "\n".join(lines)
@@ -166,7 +176,13 @@ def main() -> None:  # noqa: D103
         "--stat-readout", action="store_true", help="graph readout also reads the statistics"
     )
     parser.add_argument(
-        "--combine", default="blend", choices=("blend", "joint"), help="the park metanet's"
+        "--combine", default="blend", choices=("blend", "joint", "boost"), help="the park metanet's"
+    )
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS), help="comma list of " + ",".join(TARGETS)
+    )
+    parser.add_argument(
+        "--paths", action="store_true", help="graph readout also reads cross-layer paths"
     )
     parser.add_argument("--study-rows", help="comma list of study rows (default: all)")
     parser.add_argument(
@@ -179,6 +195,7 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--study", action="store_true", help="the branches under each change")
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     args = parser.parse_args()
+    args.targets = args.targets.split(",")
     args.caps = caps_for(args.cap_train)  # the validation and test splits capped in proportion
     if args.quick:
         args.seeds, args.epochs, args.stat_epochs = min(args.seeds, 2), min(args.epochs, 8), 60

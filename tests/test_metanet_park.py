@@ -9,10 +9,11 @@ pytest.importorskip("torch_geometric")
 
 from wsym.errors import WsymInputError
 from wsym.metanet import load
+from wsym.metanet.fit import BLENDS
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.park import ParkNet, ParkPredictor
 from wsym.metanet.park_fit import fit_park, normal_scores
-from wsym.metanet.universal import STAT_WIDTH, UniversalSchema, kernel_statistics
+from wsym.metanet.universal import PATH_WIDTH, STAT_WIDTH, UniversalSchema, kernel_statistics
 from wsym.testing import assert_sensitive, invariance_error
 
 MIXED = ("mlp-relu", "mlp-tanh", "residual-cnn", "tiny-transformer")
@@ -176,3 +177,84 @@ def test_joint_combination_reads_the_graph_readout_invariantly_and_is_saved(dete
     p.save(tmp_path / "joint.safetensors")
     q = load(tmp_path / "joint.safetensors")
     assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+def test_boosted_graph_branch_with_path_features_is_invariant_and_saved(detected, tmp_path):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(
+        members,
+        y,
+        epochs=1,
+        stat_epochs=3,
+        hidden=8,
+        members=2,
+        combine="boost",
+        stat_readout=True,
+        paths=True,
+    )
+    assert p.config["report"]["graph_weight"] in BLENDS
+    torch.manual_seed(2)
+    torch.nn.init.normal_(p.net.head[-1].weight)  # the graph branch contributes
+    p.net.graph_weight.fill_(1.0)
+    p.double()
+    x = batch_graphs(p.graphs(members))
+    with torch.no_grad():
+        s, g = p.net.stats(x.stat_x), p.net.graph_branch(x)
+        assert torch.allclose(p.net(x), s.to(g.dtype) + g)  # s + beta g, beta = 1
+    assert x.path_x.shape == (len(members), PATH_WIDTH) and x.path_x.abs().sum() > 0
+    spec, sd = members[-1]  # the transformer
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(5,)) <= 1e-5
+    p.net.branches = "graph"  # the boosted part (paths included) reads the weights
+    assert invariance_error(fn, spec, sd, seeds=(5,)) <= 1e-5
+    assert_sensitive(fn, spec, sd, min_change=1e-10)  # ~5e-10 at this random init
+    p.net.branches = "both"
+    p.save(tmp_path / "boost.safetensors")
+    q = load(tmp_path / "boost.safetensors")
+    assert q.net.combine == "boost" and q.net.paths
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+def test_boost_target_of_a_member_moves_exactly_with_its_own_target():
+    """Out of fold: the statistics that predict member i never saw its target."""
+    from wsym.metanet.fit import FitConfig
+    from wsym.metanet.park_fit import _boost_targets
+    from wsym.metanet.statistics import StatisticsEnsemble
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 6, generator=gen, dtype=torch.float64)
+    z = x[:, :1] + 0.1 * torch.randn(40, 1, generator=gen, dtype=torch.float64)
+    stats = StatisticsEnsemble(6, hidden=8, members=2).double()
+    c = FitConfig(stat_epochs=5, stat_patience=5)
+    before = _boost_targets(stats, x, z, x[:8], z[:8].float(), c, seed=0)
+    moved = z.clone()
+    moved[3] += 2.0
+    after = _boost_targets(stats, x, moved, x[:8], z[:8].float(), c, seed=0)
+    assert float(after[3, 0] - before[3, 0]) == pytest.approx(2.0, abs=1e-12)
+    # the other members move: the fold models that predict them saw member 3
+    assert (after - before).abs().sum() - 2.0 > 1e-6
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_path_features_are_invariant_to_the_whole_group_and_see_the_coupling(detected, name):
+    from wsym.metanet.invariant import invariant_form
+    from wsym.testing import uncoupled_permutation
+
+    ((spec, sd),) = _members(detected)[MIXED.index(name) : MIXED.index(name) + 1]
+    u = UniversalSchema.from_spec(spec)
+    assert u.pairs and u.chain  # every park family has consecutive dense weights
+
+    def paths(s):
+        return u.graph(invariant_form(s, spec)).path_x
+
+    ref = paths(sd)
+    scale = ref.abs().max()
+    for seed in (0, 1):
+        assert (paths(spec.act(spec.sample(seed=seed), sd)) - ref).abs().max() <= 1e-9 * scale
+    moved = [
+        float((paths(uncoupled_permutation(spec, sd, i, 0)) - ref).abs().max() / scale)
+        for i, g in enumerate(spec.groups)
+        if g.kind == "permutation" and g.size > 1
+    ]
+    assert max(moved) > 1e-3  # a broken coupling between two layers shows in their product

@@ -19,7 +19,10 @@ frozen statistics branch's residual, as :func:`wsym.metanet.fit`) or
 :math:`j`, ``joint``, on the statistics *and* the graph branch's frozen
 message-passing readout :meth:`ParkNet.embed`, trained after the graph branch
 as long as the statistics branch is: the readout's features get a readout as
-well trained as the statistics').
+well trained as the statistics') or ``"boost"`` (:math:`s + \beta\,g`: the graph
+branch fitted to the *out-of-fold* residuals of the statistics branch, so it
+learns what the statistics miss on members they were not trained on, not the
+near-zero residual of members they were fitted to).
 
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
@@ -53,7 +56,7 @@ from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import EdgeNodeConv, TypedEncoder, mlp
-from wsym.metanet.statistics import StatisticsEnsemble
+from wsym.metanet.statistics import QuantileNormal, StatisticsEnsemble
 from wsym.metanet.universal import (
     ATTR_ROLES,
     ATTR_WIDTH,
@@ -62,6 +65,7 @@ from wsym.metanet.universal import (
     EDGE_WIDTH,
     NODE_GROUPS,
     NODE_WIDTH,
+    PATH_WIDTH,
     STAT_WIDTH,
     UniversalSchema,
     matching,
@@ -70,7 +74,7 @@ from wsym.metanet.universal import (
 
 PARK_FORMAT = "park-1"
 BRANCHES = ("both", "stats", "graph")
-COMBINE = ("blend", "residual", "joint")
+COMBINE = ("blend", "residual", "joint", "boost")
 
 
 class ParkNet(nn.Module):
@@ -81,9 +85,12 @@ class ParkNet(nn.Module):
         stat_hidden, members: the statistics branch's width and ensemble size.
         trees: boosting stages of the trees blended into the statistics branch (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"``, ``"residual"`` or ``"joint"`` (how two branches are combined).
+        combine: ``"blend"``, ``"residual"``, ``"joint"`` or ``"boost"`` (how two branches
+            are combined).
         stat_readout: the graph branch's readout also reads the quantile-normalized
             statistics (a shared readout: message passing adds to what they say).
+        paths: the readout also reads the quantile-normalized cross-layer path
+            features ``path_x`` (:mod:`wsym.metanet.universal`), which the statistics lack.
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class ParkNet(nn.Module):
         trees: int = 0,
         combine: str = "blend",
         stat_readout: bool = False,
+        paths: bool = False,
     ):
         super().__init__()
         if branches not in BRANCHES:
@@ -104,12 +112,16 @@ class ParkNet(nn.Module):
         if combine not in COMBINE:
             raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
         self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
+        self.paths = paths
         self.register_buffer("graph_weight", torch.tensor(0.5))
         self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
         self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
         self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
         pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
+        if paths:
+            self.path_normal = QuantileNormal(PATH_WIDTH)
+            pooled += PATH_WIDTH
         self.head = mlp(pooled + (STAT_WIDTH if stat_readout else 0), hidden, outputs)
         self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
         if combine == "joint":
@@ -121,6 +133,8 @@ class ParkNet(nn.Module):
         self.attr_enc.fit(batch.attr_x.float(), batch.attr_role)
         self.edge_enc.fit(batch.edge_x.float(), batch.edge_role)
         self.stats.normal.fit(batch.stat_x.to(self.stats.normal.knots.dtype))
+        if self.paths:
+            self.path_normal.fit(batch.path_x.to(self.path_normal.knots.dtype))
 
     def forward(self, batch) -> Tensor:
         """``(B, outputs)``: the branches in use, blended or added."""
@@ -136,6 +150,8 @@ class ParkNet(nn.Module):
         )
         if self.combine == "residual":
             return g + s
+        if self.combine == "boost":
+            return s.to(g.dtype) + self.graph_weight.to(g.dtype) * g
         beta = self.graph_weight.to(g.dtype)
         return (1 - beta) * s.to(g.dtype) + beta * g
 
@@ -168,6 +184,9 @@ class ParkNet(nn.Module):
         roles = batch.batch[batch.edge_index[1]] * len(EDGE_ROLES) + batch.edge_role
         edges = scatter(e, roles, 0, dim_size=b * len(EDGE_ROLES), reduce="mean")
         pooled = [mean.view(b, -1), top.view(b, -1), edges.view(b, -1), batch.graph_x.to(dtype)]
+        if self.paths:
+            knots = self.path_normal.knots.dtype
+            pooled.append(self.path_normal(batch.path_x.to(knots)).to(dtype))
         return torch.cat(pooled, dim=1)
 
 
@@ -338,6 +357,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config.get("trees", 0),
         config.get("combine", "blend"),
         config.get("stat_readout", False),
+        config.get("paths", False),
     )
 
 

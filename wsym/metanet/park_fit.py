@@ -9,7 +9,10 @@ branch on its own and picks the weight of the two on the validation members
 branch's residual and keeps it only where it raises the validation Kendall tau;
 ``"joint"`` trains the graph branch on its own, then a second statistics
 ensemble on the statistics and the graph branch's frozen readout, and weighs
-that against the statistics branch on the validation members.
+that against the statistics branch on the validation members; ``"boost"``
+trains the graph branch on the statistics branch's *out-of-fold* residuals
+(``5`` copies of it, each trained on four fifths of the members, predict the
+fifth) and adds it with a weight picked on the validation members.
 One branch alone: ``"stats"``, ``"graph"``. Targets are
 standardized (``target_transform="standard"``) or first mapped to their
 normal scores (``"rank"``: the rank-based inverse normal transform, robust
@@ -19,6 +22,7 @@ are then monotone in the targets' ranks, which is what Kendall tau reads).
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 
@@ -63,6 +67,7 @@ def fit_park(
     combine: str = "blend",
     target_transform: str = "standard",
     stat_readout: bool = False,
+    paths: bool = False,
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
@@ -81,10 +86,11 @@ def fit_park(
         target_names: names of the target columns (stored with the predictor).
         seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"``, ``"residual"`` or ``"joint"`` (see the module doc).
+        combine: ``"blend"``, ``"residual"``, ``"joint"`` or ``"boost"`` (see the module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
         stat_readout: the graph branch's readout also reads the statistics
             (:class:`~wsym.metanet.park.ParkNet`).
+        paths: the graph branch's readout also reads the cross-layer path features.
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
@@ -113,6 +119,7 @@ def fit_park(
         "combine": combine,
         "target_transform": target_transform,
         "stat_readout": stat_readout,
+        "paths": paths,
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
@@ -137,14 +144,23 @@ def fit_park(
         z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
     stat_tau, _, stat_seconds = statistics_stage(net, x, z.float(), x_val, z_val, c, seed)
     blend = branches == "both" and combine in ("blend", "joint")
+    boost = branches == "both" and combine == "boost"
     if blend:
         net.branches = "graph"  # trained on its own, then weighed against the statistics
+    target = z
+    if boost:  # s + g on z - oof + s: g fits the out-of-fold residual z - oof
+        start = time.perf_counter()
+        target = _boost_targets(net.stats, x, z, x_val, z_val, c, seed)
+        stat_seconds += time.perf_counter() - start
+        net.graph_weight.fill_(1.0)
     epochs = c.epochs if branches != "stats" else 0
-    report = graph_stage(p, graphs, z, val_graphs, y_val, c, seed, epochs=epochs, on_epoch=on_epoch)
+    report = graph_stage(
+        p, graphs, target, val_graphs, y_val, c, seed, epochs=epochs, on_epoch=on_epoch
+    )
     report.update(
         statistics_val_tau=stat_tau, statistics_seconds=stat_seconds, graph_seconds=graph_seconds
     )
-    if blend:
+    if blend or boost:
         net.branches = "both"
         report["graph_val_tau"] = report["val_tau"]
         if combine == "joint":
@@ -158,6 +174,28 @@ def fit_park(
         report.update(graph_weight=best, val_tau=taus[best])
     meta["report"] = report
     return p
+
+
+def _boost_targets(stats, x, z, x_val, z_val, c: FitConfig, seed: int, folds: int = 5):
+    """``z - oof + s(x)``: on them ``s + g`` (``s`` frozen) makes ``g`` fit ``z - oof``.
+
+    ``z - oof`` is the statistics branch's out-of-fold residual; ``oof``: each member
+    predicted by a copy of ``stats`` trained (as ``stats`` was, early stopping on the
+    validation members) on the other ``folds - 1`` folds.
+    """
+    order = torch.randperm(len(z), generator=torch.Generator().manual_seed(seed))
+    oof = torch.empty_like(z)
+    for k in range(folds):
+        held = order[k::folds]
+        keep = torch.ones(len(z), dtype=torch.bool)
+        keep[held] = False
+        fold = copy.deepcopy(stats).requires_grad_(True)
+        train_statistics(fold, x[keep], z[keep].float(), x_val, z_val, c, seed + 101 * (k + 1))
+        with torch.no_grad():
+            oof[held] = fold(x[held]).to(z.dtype)
+    stats.eval()
+    with torch.no_grad():
+        return z - oof + stats(x).to(z.dtype)
 
 
 @torch.no_grad()

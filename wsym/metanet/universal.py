@@ -30,7 +30,15 @@ but describes them by *roles* shared across architectures:
   CNN's middle one), plus architecture
   descriptors (log parameter count, weight tensors, depth, mean width): one
   vector of :data:`STAT_WIDTH` numbers for every architecture;
-* ``graph_x``: the descriptors alone.
+* ``graph_x``: the descriptors alone;
+* ``path_x`` (:data:`PATH_WIDTH`): cross-layer paths, which per-tensor statistics
+  cannot see: for every two consecutive dense weights :math:`A` then :math:`B`
+  (``B`` reads the nodes ``A`` writes; a kernel summed over its width), the
+  features of :math:`BA` (asinh, averaged over the pairs), those of the product
+  along the longest such chain (an MLP's end-to-end linear map), the log pair
+  count and the chain length. :math:`B P^{-1} P A = BA` for a permutation or
+  scaling ``P`` of the shared nodes, and the features are functions of multisets
+  of entries, rows and singular values, so they are invariant too.
 
 On :func:`~wsym.metanet.invariant_form` weights every feature is invariant to
 the continuous groups and signs; a permutation of a class permutes nodes (and
@@ -70,6 +78,7 @@ ATTR_ROLES = ("parameter", "kernel", "buffer")
 NODE_GROUPS = ("input", "hidden", "output")  # readout groups
 NODE_WIDTH, ATTR_WIDTH, EDGE_WIDTH = 11, 7, 8
 DESCRIPTORS = 5
+PATH_WIDTH = 2 * 25 + 2
 STAT_ROLES = (("linear", 25), ("conv", 25), ("qk", 25), ("vo", 25), ("vector", 9), ("buffer", 9))
 ENDS = 2  # matrices read one by one from each end of the forward order
 STAT_WIDTH = sum(3 * (w + 1) for _, w in STAT_ROLES) + 2 * ENDS * 25 + DESCRIPTORS
@@ -166,6 +175,7 @@ class UniversalSchema:
             class_permuted.setdefault(cls, any(c in base.permuted for c, _ in entry))
         self.order = {p.name: k / max(len(base.plans) - 1, 1) for k, p in enumerate(base.plans)}
         self.products = _gl_products(spec, base, self.order)
+        self.pairs, self.chain = _path_pairs(base)
         edge_classes = []
         for p in base.plans:
             if p.kind == "edge":
@@ -249,6 +259,7 @@ class UniversalSchema:
             if len(feats) > 9 and p.name not in self.spec.buffers:
                 matrices.append(feats)
             buckets.setdefault((stat_role, third), []).append(feats)
+        path_x = _path_features(self, state_dict)
         for prod in self.products:
             ei, feats, matrix, role, third = prod.edges(state_dict)
             edges.append(ei)
@@ -269,7 +280,83 @@ class UniversalSchema:
             attr_role=torch.cat(ar) if ar else torch.zeros(0, dtype=torch.long),
             stat_x=torch.cat([_bucketed(buckets), _ends(matrices), self.descriptors], 1),
             graph_x=self.descriptors,
+            path_x=path_x,
         )
+
+
+def _path_pairs(base: GraphSchema):
+    """``([(A, B, rows of A in B's column order)], chain)``: consecutive dense edge plans.
+
+    ``B`` is the first plan after ``A`` (forward order) whose input nodes are ``A``'s
+    output nodes; ``chain`` the longest run of such pairs (plan names, in order).
+    """
+    dense = [p for p in base.plans if p.kind == "edge" and not p.pooled_axes]
+    ids = {
+        p.name: (
+            base.axis_nodes[(p.name, p.node_axes[0])],
+            base.axis_nodes[(p.name, p.node_axes[1])],
+        )
+        for p in dense
+    }
+    pairs, after = [], {}
+    for k, a in enumerate(dense):
+        out_a = ids[a.name][0]
+        for b in dense[k + 1 :]:
+            in_b = ids[b.name][1]
+            if len(in_b) == len(out_a) and set(in_b.tolist()) == set(out_a.tolist()):
+                where = {int(n): i for i, n in enumerate(out_a.tolist())}
+                rows = torch.tensor([where[int(n)] for n in in_b.tolist()], dtype=torch.long)
+                pairs.append((a.name, b.name, rows))
+                after[a.name] = (b.name, rows)
+                break
+    chain: list = []
+    for p in dense:
+        run, name = [(p.name, None)], p.name
+        while name in after:
+            name, rows = after[name]
+            run.append((name, rows))
+        chain = run if len(run) > len(chain) else chain
+    return pairs, chain if len(chain) > 1 else []
+
+
+def _dense(schema, sd: dict, name: str) -> torch.Tensor:
+    """``(out, in)`` the plan's weight, a kernel summed over its width."""
+    plan = next(p for p in schema.base.plans if p.name == name)
+    f = schema.base._features(plan, sd[name])
+    return f.reshape(*f.shape[:2], -1).sum(-1)
+
+
+def _path_features(schema, sd: dict) -> torch.Tensor:
+    """``(1, PATH_WIDTH)`` the cross-layer path features (see the module doc)."""
+
+    def feats(m):
+        f = tensor_features(m.clamp(-1e150, 1e150))
+        f = torch.cat([f, f.new_zeros(25 - len(f))])  # a vector: no matrix features
+        return torch.asinh(torch.nan_to_num(f, posinf=1e300, neginf=-1e300))
+
+    mats: dict = {}
+
+    def dense(name):
+        if name not in mats:
+            mats[name] = _dense(schema, sd, name)
+        return mats[name]
+
+    zero = torch.zeros(25, dtype=torch.float64)
+    pair = (
+        torch.stack([feats(dense(b) @ dense(a)[rows]) for a, b, rows in schema.pairs]).mean(0)
+        if schema.pairs
+        else zero
+    )
+    chain = zero
+    if schema.chain:
+        m = dense(schema.chain[0][0])
+        for name, rows in schema.chain[1:]:
+            m = dense(name) @ m[rows].clamp(-1e150, 1e150)
+        chain = feats(m)
+    counts = torch.tensor(
+        [math.log1p(len(schema.pairs)), len(schema.chain) / 10], dtype=torch.float64
+    )
+    return torch.cat([pair, chain, counts])[None]
 
 
 def _bucketed(buckets: dict) -> torch.Tensor:
