@@ -373,7 +373,7 @@ class Geodesic(Adaptive):
     def _autograd_vjp(self, block: Pair, xi: Pair, s: int) -> Callable:
         xi = Pair(xi.G.clone().requires_grad_(True), xi.H.clone().requires_grad_(True))
 
-        def vjp(g: Pair) -> Pair:
+        def vjp(g: Pair, out: Pair | None = None) -> Pair:
             with torch.enable_grad():
                 return Pair(*torch.autograd.grad(self.move(block, xi, s), xi, grad_outputs=g))
 
@@ -389,8 +389,9 @@ class Geodesic(Adaptive):
                 torch.mul(table[n], k, out=dst)
         pulled = self.quotient.gather_stacks(table)
         for vjp, g, dst in zip(vjps, pulled, self._pairs(out), strict=True):
-            for d, x in zip(dst, vjp(g), strict=True):
-                d.copy_(x)
+            for d, x in zip(dst, vjp(g, dst), strict=True):
+                if x is not d:
+                    d.copy_(x)
         # scratch: gradient() may overwrite it with its masked covector, which differs only
         # on entries where the Riemannian gradient is zero (so <g, gradient(g)> is unchanged)
         out.scratch = True
