@@ -232,6 +232,7 @@ class Geodesic(Adaptive):
         self._total = sum(s.numel() for s in self._tangent_shapes)
         like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
         self._pool = Pool(self._total, like)
+        self._masks_slots = bool((self._keep != 1).any())  # some slot entry inside a block
         self.horizontal = Horizontal(self, spec)
 
     def stack_metric(self, s: int) -> str:
@@ -319,12 +320,12 @@ class Geodesic(Adaptive):
         k = self._slot_total
         if self.slots:
             torch.mul(covector[:k], self._scale, out=out.flat[:k])
-            covector[:k].mul_(self._keep)
+            if self._masks_slots:
+                covector[:k].mul_(self._keep)
         for blk, m, x, r in zip(
             self.blocks, self.metrics, self._pairs(g), self._pairs(out), strict=True
         ):
-            for dst, src in zip(r, riemannian_gradient(blk, x, m, EPS, project=False), strict=True):
-                dst.copy_(src)
+            _block_gradient(blk, x, m, r)
         return self.horizontal.project_flat(out.flat, covector)
 
     def gradient_norm(self, g, d):
@@ -339,7 +340,7 @@ class Geodesic(Adaptive):
     def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
         out = dict(self.params)
         if moves:
-            flat = self._touched_flat + self.quotient.scatter_flat(moves)
+            flat = self.quotient.scatter_flat(moves).add_(self._touched_flat)
             out.update(self.quotient.split_touched(flat))
         for n, x, k in zip(self.slots, xi, self._partial, strict=False):
             out[n] = out[n] + x if k is None else torch.addcmul(out[n], x, k)
@@ -422,3 +423,22 @@ class Geodesic(Adaptive):
                 xG, xH = xG * rows.G, xH * rows.H
             out.extend([xG, xH])
         return self.horizontal.project(out)
+
+
+def _block_gradient(block: Pair, grad: Pair, metric: str, out: Pair) -> None:
+    """:func:`wsym.sharpness.geometry.riemannian_gradient` of one stack, unprojected, into ``out``."""
+    (G, H), (gG, gH) = block, grad
+    P, Q = Gram.of(G, EPS), Gram.of(H, EPS)
+    if metric == "invariant":
+        factors = (P.matrix, Q.matrix)
+    elif P.inverse is not None and Q.inverse is not None:
+        factors = (Q.inverse, P.inverse)
+    else:  # not numerically positive definite: the LU solve of riemannian_gradient
+        for dst, src in zip(out, riemannian_gradient(block, grad, metric, EPS, project=False)):
+            dst.copy_(src)
+        return
+    for g, M, dst in zip((gG, gH), factors, out, strict=True):
+        if g.shape[-1] == 1:
+            torch.mul(g, M, out=dst)
+        else:
+            torch.matmul(g, M, out=dst)
