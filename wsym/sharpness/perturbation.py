@@ -337,9 +337,13 @@ class Geodesic(Adaptive):
         pairs = zip(self.blocks, self._pairs(xi), strict=True)
         return self._point(xi, [self.move(b, x, s) for s, (b, x) in enumerate(pairs)])
 
-    def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
+    def _point(self, xi, moves: list[Pair] | Tensor) -> dict[str, Tensor]:
+        """The moved point: ``moves`` per stack, or laid out by ``Quotient.stack_buffer``."""
         out = dict(self.params)
-        if moves:
+        if isinstance(moves, Tensor):
+            flat = self.quotient.scatter_values(moves).add_(self._touched_flat)
+            out.update(self.quotient.split_touched(flat))
+        elif moves:
             flat = self.quotient.scatter_flat(moves).add_(self._touched_flat)
             out.update(self.quotient.split_touched(flat))
         for n, x, k in zip(self.slots, xi, self._partial, strict=False):
@@ -355,11 +359,15 @@ class Geodesic(Adaptive):
         """
         pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
         if type(self).move is Geodesic.move:
-            steps = [
-                geodesic_step_linearized(b, x, m, EPS)
-                for b, x, m in zip(self.blocks, pairs, self.metrics, strict=True)
-            ]
-            moves, vjps = [m for m, _ in steps], [v for _, v in steps]
+            # each stack's step written into one flat buffer, scattered from there
+            moves, outs = self.quotient.stack_buffer(self._touched_flat) if pairs else ([], [])
+            vjps = []
+            for b, x, m, o in zip(self.blocks, pairs, self.metrics, outs, strict=True):
+                move, vjp = geodesic_step_linearized(b, x, m, EPS, out=o)
+                for dst, src in zip(o, move, strict=True):
+                    if src is not dst:
+                        dst.copy_(src)
+                vjps.append(vjp)
         else:
             moves = [
                 self.move(b, x, s) for s, (b, x) in enumerate(zip(self.blocks, pairs, strict=True))

@@ -55,7 +55,7 @@ def _into(out: Tensor | None, like: Tensor) -> Tensor | None:
 
 
 def _invariant_factor(
-    M: Tensor, xi: Tensor, eps: float, start: Tensor, alpha: float
+    M: Tensor, xi: Tensor, eps: float, start: Tensor, alpha: float, out: Tensor | None = None
 ) -> tuple[Tensor, Callable]:
     """One decoupled factor of the invariant metric: ``start + alpha Gamma`` and the step's VJP.
 
@@ -66,7 +66,7 @@ def _invariant_factor(
     T, K = _cross(xi, M)
     h = M.shape[-1]
     Z = P.solve(torch.cat([_sym(T), K], dim=-1))
-    gamma = addmm(start, xi, Z[..., :h], -alpha)
+    gamma = addmm(start, xi, Z[..., :h], -alpha, out=_into(out, start))
     addmm(gamma, M, Z[..., h:], alpha, out=gamma)
 
     def vjp(g: Tensor, out: Tensor | None = None) -> Tensor:
@@ -79,13 +79,16 @@ def _invariant_factor(
     return gamma, vjp
 
 
-def _mixed(block: Pair, xi: Pair, eps: float, start: Pair, alpha: float) -> tuple[Pair, Callable]:
+def _mixed(
+    block: Pair, xi: Pair, eps: float, start: Pair, alpha: float, out: Pair | None = None
+) -> tuple[Pair, Callable]:
     """``start + alpha Gamma(xi, xi)`` of the mixed metric and the step's VJP (G, H coupled)."""
     (G, H), (xG, xH) = block, xi
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
     (T_G, K_G), (T_H, K_H) = _cross(xG, G), _cross(xH, H)
     A_G, A_H = P.solve(_sym(T_G), left=False), Q.solve(_sym(T_H), left=False)  # S P^-1, S Q^-1
-    gamma = Pair(addmm(start.G, xG, A_H, alpha), addmm(start.H, xH, A_G, alpha))
+    oG, oH = (None, None) if out is None else (_into(out.G, xG), _into(out.H, xH))
+    gamma = Pair(addmm(start.G, xG, A_H, alpha, out=oG), addmm(start.H, xH, A_G, alpha, out=oH))
     addmm(gamma.G, G, Q.solve(K_H, left=False), -alpha, out=gamma.G)
     addmm(gamma.H, H, P.solve(K_G, left=False), -alpha, out=gamma.H)
 
@@ -106,23 +109,26 @@ def _mixed(block: Pair, xi: Pair, eps: float, start: Pair, alpha: float) -> tupl
 
 
 def _linearized(
-    block: Pair, xi: Pair, metric: str, eps: float, step: bool = False
+    block: Pair, xi: Pair, metric: str, eps: float, step: bool = False, out: Pair | None = None
 ) -> tuple[Pair, Callable]:
     """``Gamma(xi, xi)`` (or, with ``step``, the step ``xi - Gamma(xi, xi) / 2``) and its VJP.
 
     The two share their products with ``xi`` (computed once), which is what an
     ascent needs at every step: the moved point, then the pullback of its gradient.
-    The VJP takes an optional ``out`` pair to write into.
+    ``out``: a pair to write the step into (with ``step``); the VJP takes one too.
     """
     metric = check_metric(metric)
     if metric == "euclidean":
         gamma = Pair(*(x.clone() if step else torch.zeros_like(x) for x in xi))
+        if out is not None and step:
+            gamma = Pair(*(o.copy_(x) for o, x in zip(out, xi, strict=True)))
         return gamma, lambda g, out=None: Pair(*g)
     start, alpha = (xi, -0.5) if step else (Pair(*map(torch.zeros_like, xi)), 1.0)
+    out = out if step else None
     if metric == "mixed":
-        return _mixed(block, xi, eps, start, alpha)
-    gamma_G, vjp_G = _invariant_factor(block.G, xi.G, eps, start.G, alpha)
-    gamma_H, vjp_H = _invariant_factor(block.H, xi.H, eps, start.H, alpha)
+        return _mixed(block, xi, eps, start, alpha, out)
+    gamma_G, vjp_G = _invariant_factor(block.G, xi.G, eps, start.G, alpha, out and out.G)
+    gamma_H, vjp_H = _invariant_factor(block.H, xi.H, eps, start.H, alpha, out and out.H)
 
     def vjp(g: Pair, out: Pair | None = None) -> Pair:
         return Pair(vjp_G(g[0], out and out[0]), vjp_H(g[1], out and out[1]))
@@ -227,7 +233,8 @@ def geodesic_step_linearized(
     xi: Pair | tuple[Tensor, Tensor],
     metric: Metric = "invariant",
     eps: float = DEFAULT_EPS,
-) -> tuple[Pair, Callable[[Pair], Pair]]:
+    out: Pair | None = None,
+) -> tuple[Pair, Callable[..., Pair]]:
     """The displacement ``xi - Gamma(xi, xi) / 2`` of :func:`geodesic_step` and its VJP.
 
     One call gives what :func:`geodesic_step` and :func:`geodesic_step_vjp` give
@@ -238,10 +245,13 @@ def geodesic_step_linearized(
         xi: tangent vector of the same shapes.
         metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
         eps: Gram regularization; 0 for exact formulas.
+        out: a pair of contiguous tensors shaped like ``xi`` to write the displacement
+            into (it must not be ``xi``); default new tensors.
 
     Returns:
         ``(displacement, vjp)``: the new block is ``block + displacement``; ``vjp``
-        maps a cotangent at the new block to ``(dL/dxi_G, dL/dxi_H)``.
+        maps a cotangent at the new block to ``(dL/dxi_G, dL/dxi_H)`` (``vjp(g, out)``
+        writes it into the pair ``out``).
 
     Example:
         >>> G, H = torch.randn(4, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
@@ -250,4 +260,4 @@ def geodesic_step_linearized(
         >>> torch.allclose(G + move.G, geodesic_step((G, H), xi, "invariant").G)
         True
     """
-    return _linearized(as_pair(block), as_pair(xi), metric, eps, step=True)
+    return _linearized(as_pair(block), as_pair(xi), metric, eps, step=True, out=out)
