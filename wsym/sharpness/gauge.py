@@ -253,7 +253,9 @@ class _Objective:
         if self._pattern is False:  # repeated pairs: let coalesce sum them
             return _sparse(torch.cat(ii), torch.cat(jj), vals, shape)
         index, order = self._pattern
-        return torch.sparse_coo_tensor(index, vals[order], shape, is_coalesced=True)
+        return torch.sparse_coo_tensor(
+            index, vals[order], shape, is_coalesced=True, check_invariants=False
+        )
 
 
 def _gram(E: Tensor, w: Tensor) -> Tensor:
