@@ -40,13 +40,27 @@ def _sym(M: Tensor) -> Tensor:
     return M + M.mT
 
 
-def _cross(x: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
-    """``(x^T M, x^T x)``: one product with ``[M | x]`` where ``h > 1``."""
-    h = M.shape[-1]
-    if h == 1:
-        return mm(x.mT, M), mm(x.mT, x)
-    T = mm(x.mT, torch.cat([M, x], dim=-1))
-    return T[..., :h], T[..., h:]
+class _Cross:
+    """``x^T M`` and ``x^T x`` of a factor ``M`` and its tangent ``x``, and ``[M | x]^T g``.
+
+    Where ``h > 1`` each is one product with ``[M | x]`` (kept for the VJP's products).
+    """
+
+    def __init__(self, x: Tensor, M: Tensor):
+        self.h = M.shape[-1]
+        self.x, self.M = x, M
+        self.both = None if self.h == 1 else torch.cat([M, x], dim=-1)
+        if self.both is None:
+            self.xM, self.xx = mm(x.mT, M), mm(x.mT, x)
+        else:
+            T = mm(x.mT, self.both)
+            self.xM, self.xx = T[..., : self.h], T[..., self.h :]
+
+    def of(self, g: Tensor) -> Tensor:
+        """``[M | x]^T g``: ``M^T g`` on top of ``x^T g``, ``(..., 2h, h)``."""
+        if self.both is None:
+            return torch.cat([mm(self.M.mT, g), mm(self.x.mT, g)], dim=-2)
+        return mm(self.both.mT, g)
 
 
 def _into(out: Tensor | None, like: Tensor) -> Tensor | None:
@@ -63,14 +77,15 @@ def _invariant_factor(
     ``P = M^T M + s I``; the VJP returns ``g - (d/dv Gamma(xi, xi)/2 [v])^T g``.
     """
     P = Gram.of(M, eps)
-    T, K = _cross(xi, M)
+    cross = _Cross(xi, M)
     h = M.shape[-1]
-    Z = P.solve(torch.cat([_sym(T), K], dim=-1))
+    Z = P.solve(torch.cat([_sym(cross.xM), cross.xx], dim=-1))
     gamma = addmm(start, xi, Z[..., :h], -alpha, out=_into(out, start))
     addmm(gamma, M, Z[..., h:], alpha, out=gamma)
 
     def vjp(g: Tensor, out: Tensor | None = None) -> Tensor:
-        W = P.solve(torch.cat([mm(xi.mT, g), mm(M.mT, g)], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
+        T = cross.of(g)  # M^T g on top of xi^T g
+        W = P.solve(torch.cat([T[..., h:, :], T[..., :h, :]], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
         # g + (g Z1^T + M sym(W1) - xi sym(W2)) / 2, with S P^-1 = (P^-1 S)^T (both symmetric)
         pulled = addmm(g, g, Z[..., :h].mT, 0.5, out=_into(out, g))
         addmm(pulled, M, _sym(W[..., :h]), 0.5, out=pulled)
@@ -85,8 +100,9 @@ def _mixed(
     """``start + alpha Gamma(xi, xi)`` of the mixed metric and the step's VJP (G, H coupled)."""
     (G, H), (xG, xH) = block, xi
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
-    (T_G, K_G), (T_H, K_H) = _cross(xG, G), _cross(xH, H)
-    A_G, A_H = P.solve(_sym(T_G), left=False), Q.solve(_sym(T_H), left=False)  # S P^-1, S Q^-1
+    cG, cH = _Cross(xG, G), _Cross(xH, H)
+    K_G, K_H = cG.xx, cH.xx
+    A_G, A_H = P.solve(_sym(cG.xM), left=False), Q.solve(_sym(cH.xM), left=False)  # S P^-1, S Q^-1
     oG, oH = (None, None) if out is None else (_into(out.G, xG), _into(out.H, xH))
     gamma = Pair(addmm(start.G, xG, A_H, alpha, out=oG), addmm(start.H, xH, A_G, alpha, out=oH))
     addmm(gamma.G, G, Q.solve(K_H, left=False), -alpha, out=gamma.G)
@@ -96,8 +112,9 @@ def _mixed(
         gG, gH = g
         oG, oH = (None, None) if out is None else (_into(out.G, gG), _into(out.H, gH))
         # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
-        M_G, N_G = Q.solve(mm(xG.mT, gG), left=False), Q.solve(mm(G.mT, gG), left=False)
-        M_H, N_H = P.solve(mm(xH.mT, gH), left=False), P.solve(mm(H.mT, gH), left=False)
+        h = G.shape[-1]
+        NM_G, NM_H = Q.solve(cG.of(gG), left=False), P.solve(cH.of(gH), left=False)
+        N_G, M_G, N_H, M_H = NM_G[..., :h, :], NM_G[..., h:, :], NM_H[..., :h, :], NM_H[..., h:, :]
         # g - (g A^T + (G or H) sym(M) - xi sym(N)) / 2, with Q^-1 S_H = (S_H Q^-1)^T
         pG = addmm(gG, gG, A_H.mT, -0.5, out=oG)
         addmm(addmm(pG, G, _sym(M_H), -0.5, out=pG), xG, _sym(N_H), 0.5, out=pG)
