@@ -101,18 +101,20 @@ def _mixed(
     (G, H), (xG, xH) = block, xi
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
     cG, cH = _Cross(xG, G), _Cross(xH, H)
-    K_G, K_H = cG.xx, cH.xx
-    A_G, A_H = P.solve(_sym(cG.xM), left=False), Q.solve(_sym(cH.xM), left=False)  # S P^-1, S Q^-1
+    h = G.shape[-1]
+    # S P^-1 on top of (xi^T xi) P^-1, one product per factor (and S Q^-1, ... for H)
+    AB_G = P.solve(torch.cat([_sym(cG.xM), cG.xx], dim=-2), left=False)
+    AB_H = Q.solve(torch.cat([_sym(cH.xM), cH.xx], dim=-2), left=False)
+    A_G, A_H = AB_G[..., :h, :], AB_H[..., :h, :]
     oG, oH = (None, None) if out is None else (_into(out.G, xG), _into(out.H, xH))
     gamma = Pair(addmm(start.G, xG, A_H, alpha, out=oG), addmm(start.H, xH, A_G, alpha, out=oH))
-    addmm(gamma.G, G, Q.solve(K_H, left=False), -alpha, out=gamma.G)
-    addmm(gamma.H, H, P.solve(K_G, left=False), -alpha, out=gamma.H)
+    addmm(gamma.G, G, AB_H[..., h:, :], -alpha, out=gamma.G)
+    addmm(gamma.H, H, AB_G[..., h:, :], -alpha, out=gamma.H)
 
     def vjp(g: Pair, out: Pair | None = None) -> Pair:
         gG, gH = g
         oG, oH = (None, None) if out is None else (_into(out.G, gG), _into(out.H, gH))
         # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
-        h = G.shape[-1]
         NM_G, NM_H = Q.solve(cG.of(gG), left=False), P.solve(cH.of(gH), left=False)
         N_G, M_G, N_H, M_H = NM_G[..., :h, :], NM_G[..., h:, :], NM_H[..., :h, :], NM_H[..., h:, :]
         # g - (g A^T + (G or H) sym(M) - xi sym(N)) / 2, with Q^-1 S_H = (S_H Q^-1)^T
