@@ -235,7 +235,6 @@ class _Objective:
             hess = hess + cross + cross.T
         return F, grad, hess
 
-
     def _cross_pairs(self, ii: list[Tensor], jj: list[Tensor], vals: Tensor) -> Tensor:
         """The sparse ``(rows, rows)`` matrix of the block rows' pair terms, values ``vals``.
 

@@ -434,7 +434,7 @@ class Geodesic(Adaptive):
 
 
 def _block_gradient(block: Pair, grad: Pair, metric: str, out: Pair) -> None:
-    """:func:`wsym.sharpness.geometry.riemannian_gradient` of one stack, unprojected, into ``out``."""
+    """Unprojected :func:`~wsym.sharpness.geometry.riemannian_gradient` of a stack, in ``out``."""
     (G, H), (gG, gH) = block, grad
     P, Q = Gram.of(G, EPS), Gram.of(H, EPS)
     if metric == "invariant":
@@ -442,7 +442,8 @@ def _block_gradient(block: Pair, grad: Pair, metric: str, out: Pair) -> None:
     elif P.inverse is not None and Q.inverse is not None:
         factors = (Q.inverse, P.inverse)
     else:  # not numerically positive definite: the LU solve of riemannian_gradient
-        for dst, src in zip(out, riemannian_gradient(block, grad, metric, EPS, project=False)):
+        fallback = riemannian_gradient(block, grad, metric, EPS, project=False)
+        for dst, src in zip(out, fallback, strict=True):
             dst.copy_(src)
         return
     for g, M, dst in zip((gG, gH), factors, out, strict=True):

@@ -138,8 +138,11 @@ def _linearized(
     """
     metric = check_metric(metric)
     if metric == "euclidean":
-        gamma = Pair(*(x.clone() if step else torch.zeros_like(x) for x in xi))
-        if out is not None and step:
+        if not step:
+            gamma = Pair(*map(torch.zeros_like, xi))
+        elif out is None:
+            gamma = Pair(*(x.clone() for x in xi))
+        else:
             gamma = Pair(*(o.copy_(x) for o, x in zip(out, xi, strict=True)))
         return gamma, lambda g, out=None: Pair(*g)
     start, alpha = (xi, -0.5) if step else (Pair(*map(torch.zeros_like, xi)), 1.0)
