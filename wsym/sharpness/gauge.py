@@ -173,6 +173,7 @@ class _Objective:
                 offset += M.numel()
                 row0 += M.numel() // M.shape[-1]
         self.rows_total = row0
+        self._pattern = None  # the Hessian's block-row pairs, sorted at the first evaluation
         pos = stack_pos[rows[inside]]
         starts = torch.tensor([p[0] for p in self.parts])
         part = torch.searchsorted(starts, pos, right=True) - 1
@@ -243,7 +244,7 @@ class _Objective:
         million entries each time).
         """
         shape = (self.rows_total, self.rows_total)
-        if getattr(self, "_pattern", None) is None:
+        if self._pattern is None:
             rows, cols = torch.cat(ii), torch.cat(jj)
             order = torch.argsort(rows * self.rows_total + cols)
             index = torch.stack([rows[order], cols[order]])
