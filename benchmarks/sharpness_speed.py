@@ -46,6 +46,10 @@ Run:
     .venv/bin/python benchmarks/sharpness_speed.py [--repeats 10] [--threads 1] [--clock cpu]
     .venv/bin/python benchmarks/sharpness_speed.py --stock --repeats 2 --clock cpu
     .venv/bin/python benchmarks/sharpness_speed.py --stock --only gpt2 --repeats 5 --clock cpu
+    .venv/bin/python benchmarks/sharpness_speed.py --stock --only gpt2 --phases --clock cpu
+
+``--phases`` prints, per measure, the milliseconds per ascent step spent in each
+phase of the step (:class:`PhaseClock`; nested phases are indented in :data:`PHASES`).
 """
 
 import argparse
@@ -58,7 +62,7 @@ from torch import nn
 
 import wsym
 from wsym.models.networks import TinyTransformer
-from wsym.sharpness import measures, vertical
+from wsym.sharpness import measures, perturbation, vertical
 from wsym.sharpness.quotient import Quotient
 
 MEASURES = ("adaptive", "geodesic-mix", "geodesic-inv")
@@ -144,6 +148,93 @@ class StepClock:
 
     def __exit__(self, *exc):
         measures._direction, measures.worst_case = self._orig
+
+
+class PhaseClock:
+    """Accumulates the time spent in each phase of the ascent while active (``--phases``).
+
+    Wraps the methods named in :data:`PHASES` (on their classes); a phase that calls
+    another includes it (``project`` is inside ``gradient``, ``gather`` inside ``pullback``).
+    The first direction of each ascent (at ``xi = 0``, which also builds the projection's
+    Schur factors) is left out, as in :class:`StepClock`.
+    """
+
+    def __init__(self, clock):
+        self.clock, self.totals, self._orig, self._first = clock, {}, [], False
+
+    def __enter__(self):
+        for label, owner, name in PHASES:
+            orig = getattr(owner, name)
+            self._orig.append((owner, name, orig, name in vars(owner)))
+            setattr(owner, name, self._timed(label, orig))
+        worst = measures.worst_case
+        self._orig.append((measures, "worst_case", worst, True))
+
+        def reset(*args, **kwargs):
+            self._first = True
+            return worst(*args, **kwargs)
+
+        measures.worst_case = reset
+        return self
+
+    def _timed(self, label, orig):
+        def timed(*args, **kwargs):
+            first = label == "direction" and self._first
+            kept = dict(self.totals) if first else None
+            start = self.clock()
+            out = orig(*args, **kwargs)
+            self.totals[label] = self.totals.get(label, 0.0) + self.clock() - start
+            if first:  # the ascent's first direction: not a step
+                self.totals, self._first = kept, False
+            return out
+
+        return timed
+
+    def __exit__(self, *exc):
+        for owner, name, orig, own in reversed(self._orig):
+            if own:
+                setattr(owner, name, orig)
+            else:  # inherited: drop the wrapper
+                delattr(owner, name)
+
+
+PHASES = (
+    ("direction", measures, "_direction"),
+    ("point (linearize)", perturbation.Geodesic, "linearize"),
+    ("pullback", perturbation.Geodesic, "_pullback"),
+    ("  gather", Quotient, "gather_stacks"),
+    ("gradient", perturbation.Geodesic, "gradient"),
+    ("  projection", vertical.Horizontal, "project_flat"),
+    ("adaptive gradient", perturbation.Adaptive, "gradient"),
+    ("norms", perturbation.Adaptive, "norm"),
+    ("tangent sums", measures, "_add"),
+)
+
+
+def phase_times(model, batches, loss, repeats, clock, steps=5):
+    """Per ascent step, the milliseconds of each phase (:class:`PhaseClock`), per measure.
+
+    One warm-up call, then ``repeats`` calls of ``steps`` steps per measure (the first
+    direction of each call left out).
+    """
+    spec = wsym.detect(model, batches[0][0])
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for m in MEASURES:
+
+            def call(n, m=m):
+                wsym.sharpness(model, batches, loss, spec=spec, measure=m, rho=0.05, steps=n)
+
+            call(steps)
+            totals = {}
+            for _ in range(repeats):
+                with PhaseClock(CLOCKS[clock]) as phases:
+                    call(steps)
+                for k, v in phases.totals.items():
+                    totals[k] = totals.get(k, 0.0) + v
+            out[m] = {k: 1e3 * v / (repeats * steps) for k, v in totals.items()}
+    return out
 
 
 def ascent_step_times(model, batches, loss, repeats, clock, steps=5):
@@ -306,6 +397,11 @@ def main():
     parser.add_argument(
         "--only", nargs="*", choices=sorted(STOCK), help="with --stock: these models only"
     )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="with --stock: milliseconds per ascent step in each phase instead",
+    )
     args = parser.parse_args()
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: use --threads 1")
@@ -313,6 +409,14 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, cpu, threads {torch.get_num_threads()}")
+    if args.stock and args.phases:
+        print(f"ms per ascent step, {args.repeats} calls of 5 steps, {args.clock} clock")
+        for key in args.only or STOCK:
+            name, build = STOCK[key]
+            for m, phases in phase_times(*build(), args.repeats, args.clock).items():
+                cells = "  ".join(f"{k.strip()} {v:.2f}" for k, v in phases.items())
+                print(f"{name:<16} {m:<13} {cells}")
+        return
     if args.stock:
         print(
             f"per step: median over the ascent steps of {args.repeats} interleaved calls of "

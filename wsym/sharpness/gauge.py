@@ -173,6 +173,7 @@ class _Objective:
                 offset += M.numel()
                 row0 += M.numel() // M.shape[-1]
         self.rows_total = row0
+        self._pattern = None  # the Hessian's block-row pairs, sorted at the first evaluation
         pos = stack_pos[rows[inside]]
         starts = torch.tensor([p[0] for p in self.parts])
         part = torch.searchsorted(starts, pos, right=True) - 1
@@ -230,11 +231,31 @@ class _Objective:
         grad = grad + self.E_rows.T @ g_rows
         hess = hess + _gram(self.E_rows, h_rows)
         if ii:
-            shape = (self.rows_total, self.rows_total)
-            C = _sparse(torch.cat(ii), torch.cat(jj), torch.cat(vv), shape)
+            C = self._cross_pairs(ii, jj, torch.cat(vv))
             cross = torch.sparse.mm(self.E_rows.t(), torch.sparse.mm(C, self.E_rows)).to_dense()
             hess = hess + cross + cross.T
         return F, grad, hess
+
+    def _cross_pairs(self, ii: list[Tensor], jj: list[Tensor], vals: Tensor) -> Tensor:
+        """The sparse ``(rows, rows)`` matrix of the block rows' pair terms, values ``vals``.
+
+        Its pattern does not depend on ``u``: it is sorted once (the first call), and every
+        later call only permutes the values (a coalesce per Newton evaluation sorted a
+        million entries each time).
+        """
+        shape = (self.rows_total, self.rows_total)
+        if self._pattern is None:
+            rows, cols = torch.cat(ii), torch.cat(jj)
+            order = torch.argsort(rows * self.rows_total + cols)
+            index = torch.stack([rows[order], cols[order]])
+            unique = bool(((index[:, 1:] != index[:, :-1]).any(0)).all())
+            self._pattern = (index, order) if unique else False
+        if self._pattern is False:  # repeated pairs: let coalesce sum them
+            return _sparse(torch.cat(ii), torch.cat(jj), vals, shape)
+        index, order = self._pattern
+        return torch.sparse_coo_tensor(
+            index, vals[order], shape, is_coalesced=True, check_invariants=False
+        )
 
 
 def _gram(E: Tensor, w: Tensor) -> Tensor:

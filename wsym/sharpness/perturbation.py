@@ -232,6 +232,7 @@ class Geodesic(Adaptive):
         self._total = sum(s.numel() for s in self._tangent_shapes)
         like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
         self._pool = Pool(self._total, like)
+        self._masks_slots = bool((self._keep != 1).any())  # some slot entry inside a block
         self.horizontal = Horizontal(self, spec)
 
     def stack_metric(self, s: int) -> str:
@@ -319,12 +320,12 @@ class Geodesic(Adaptive):
         k = self._slot_total
         if self.slots:
             torch.mul(covector[:k], self._scale, out=out.flat[:k])
-            covector[:k].mul_(self._keep)
+            if self._masks_slots:
+                covector[:k].mul_(self._keep)
         for blk, m, x, r in zip(
             self.blocks, self.metrics, self._pairs(g), self._pairs(out), strict=True
         ):
-            for dst, src in zip(r, riemannian_gradient(blk, x, m, EPS, project=False), strict=True):
-                dst.copy_(src)
+            _block_gradient(blk, x, m, r)
         return self.horizontal.project_flat(out.flat, covector)
 
     def gradient_norm(self, g, d):
@@ -336,10 +337,14 @@ class Geodesic(Adaptive):
         pairs = zip(self.blocks, self._pairs(xi), strict=True)
         return self._point(xi, [self.move(b, x, s) for s, (b, x) in enumerate(pairs)])
 
-    def _point(self, xi, moves: list[Pair]) -> dict[str, Tensor]:
+    def _point(self, xi, moves: list[Pair] | Tensor) -> dict[str, Tensor]:
+        """The moved point: ``moves`` per stack, or laid out by ``Quotient.stack_buffer``."""
         out = dict(self.params)
-        if moves:
-            flat = self._touched_flat + self.quotient.scatter_flat(moves)
+        if isinstance(moves, Tensor):
+            flat = self.quotient.scatter_values(moves).add_(self._touched_flat)
+            out.update(self.quotient.split_touched(flat))
+        elif moves:
+            flat = self.quotient.scatter_flat(moves).add_(self._touched_flat)
             out.update(self.quotient.split_touched(flat))
         for n, x, k in zip(self.slots, xi, self._partial, strict=False):
             out[n] = out[n] + x if k is None else torch.addcmul(out[n], x, k)
@@ -354,11 +359,15 @@ class Geodesic(Adaptive):
         """
         pairs = [Pair(x.G.detach(), x.H.detach()) for x in self._pairs(xi)]
         if type(self).move is Geodesic.move:
-            steps = [
-                geodesic_step_linearized(b, x, m, EPS)
-                for b, x, m in zip(self.blocks, pairs, self.metrics, strict=True)
-            ]
-            moves, vjps = [m for m, _ in steps], [v for _, v in steps]
+            # each stack's step written into one flat buffer, scattered from there
+            moves, outs = self.quotient.stack_buffer(self._touched_flat) if pairs else ([], [])
+            vjps = []
+            for b, x, m, o in zip(self.blocks, pairs, self.metrics, outs, strict=True):
+                move, vjp = geodesic_step_linearized(b, x, m, EPS, out=o)
+                for dst, src in zip(o, move, strict=True):
+                    if src is not dst:
+                        dst.copy_(src)
+                vjps.append(vjp)
         else:
             moves = [
                 self.move(b, x, s) for s, (b, x) in enumerate(zip(self.blocks, pairs, strict=True))
@@ -373,7 +382,7 @@ class Geodesic(Adaptive):
     def _autograd_vjp(self, block: Pair, xi: Pair, s: int) -> Callable:
         xi = Pair(xi.G.clone().requires_grad_(True), xi.H.clone().requires_grad_(True))
 
-        def vjp(g: Pair) -> Pair:
+        def vjp(g: Pair, out: Pair | None = None) -> Pair:
             with torch.enable_grad():
                 return Pair(*torch.autograd.grad(self.move(block, xi, s), xi, grad_outputs=g))
 
@@ -389,8 +398,9 @@ class Geodesic(Adaptive):
                 torch.mul(table[n], k, out=dst)
         pulled = self.quotient.gather_stacks(table)
         for vjp, g, dst in zip(vjps, pulled, self._pairs(out), strict=True):
-            for d, x in zip(dst, vjp(g), strict=True):
-                d.copy_(x)
+            for d, x in zip(dst, vjp(g, dst), strict=True):
+                if x is not d:
+                    d.copy_(x)
         # scratch: gradient() may overwrite it with its masked covector, which differs only
         # on entries where the Riemannian gradient is zero (so <g, gradient(g)> is unchanged)
         out.scratch = True
@@ -421,3 +431,23 @@ class Geodesic(Adaptive):
                 xG, xH = xG * rows.G, xH * rows.H
             out.extend([xG, xH])
         return self.horizontal.project(out)
+
+
+def _block_gradient(block: Pair, grad: Pair, metric: str, out: Pair) -> None:
+    """Unprojected :func:`~wsym.sharpness.geometry.riemannian_gradient` of a stack, in ``out``."""
+    (G, H), (gG, gH) = block, grad
+    P, Q = Gram.of(G, EPS), Gram.of(H, EPS)
+    if metric == "invariant":
+        factors = (P.matrix, Q.matrix)
+    elif P.inverse is not None and Q.inverse is not None:
+        factors = (Q.inverse, P.inverse)
+    else:  # not numerically positive definite: the LU solve of riemannian_gradient
+        fallback = riemannian_gradient(block, grad, metric, EPS, project=False)
+        for dst, src in zip(out, fallback, strict=True):
+            dst.copy_(src)
+        return
+    for g, M, dst in zip((gG, gH), factors, out, strict=True):
+        if g.shape[-1] == 1:
+            torch.mul(g, M, out=dst)
+        else:
+            torch.matmul(g, M, out=dst)

@@ -239,7 +239,20 @@ class Quotient:
         """
         like = tangents[0].G
         zero = torch.zeros(1, dtype=like.dtype, device=like.device)
-        values = torch.cat([*(M.reshape(-1) for t in tangents for M in t), zero])
+        return self.scatter_values(torch.cat([*(M.reshape(-1) for t in tangents for M in t), zero]))
+
+    def stack_buffer(self, like: Tensor) -> tuple[Tensor, list[Pair]]:
+        """A flat buffer of every stacked entry and one trailing zero, with its stacks' views.
+
+        Write the stacks into the views, then :meth:`scatter_values` scatters them without
+        first concatenating them (what :meth:`scatter_flat` does).
+        """
+        values = torch.empty(self._total + 1, dtype=like.dtype, device=like.device)
+        values[-1] = 0.0
+        return values, self._split_stacks(values[:-1])
+
+    def scatter_values(self, values: Tensor) -> Tensor:
+        """:meth:`scatter_flat` of stacks already laid out flat (:meth:`stack_buffer`)."""
         return values.index_select(0, self._scatter_index)
 
     def split_touched(self, flat: Tensor) -> dict[str, Tensor]:

@@ -44,7 +44,7 @@ from wsym.group.spec import SymmetrySpec
 from wsym.sharpness import tangent
 from wsym.sharpness.exponents import translation_directions
 from wsym.sharpness.geometry import Gram
-from wsym.sharpness.geometry.block import mm
+from wsym.sharpness.geometry.block import addmm, mm
 from wsym.sharpness.schur import add_row_sums, row_exponents, row_scalings, schur
 from wsym.sharpness.structure import TangentLayout, structure
 from wsym.sharpness.tangent import FlatTangent
@@ -230,16 +230,16 @@ class Horizontal:
             for s, (ru, re) in rows.items():
                 (vG, vH), (G, H) = self._views_of(v, lay, s), self.stacks[s]
                 dG, dH = row_scalings(ru, re, ext, G)
-                vG.add_(dG * G, alpha=alpha)
-                vH.add_(dH * H, alpha=alpha)
+                vG.addcmul_(dG, G, value=alpha)
+                vH.addcmul_(dH, H, value=alpha)
         if t is not None and t.numel():
             v.index_add_(0, lay.d_rows, lay.d_vals @ t, alpha=alpha)
         for s, (G, H) in enumerate(self.stacks):
             if lay.views[s] is None or omegas[s] is None:
                 continue
             vG, vH = self._views_of(v, lay, s)
-            vG.add_(mm(G, omegas[s]), alpha=alpha)
-            vH.sub_(mm(H, omegas[s].mT), alpha=alpha)
+            addmm(vG, G, omegas[s], alpha, out=vG)
+            addmm(vH, H, omegas[s].mT, -alpha, out=vH)
         return v
 
     def adjoint(self, y: Tensor, lay: TangentLayout | None = None) -> Coefficients:

@@ -117,6 +117,46 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
+def addmm(c: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0, out: Tensor | None = None) -> Tensor:
+    """``c + alpha * (a @ b)`` in one pass (no product temporary), shapes as for :func:`mm`.
+
+    ``out``: a contiguous tensor of the result's shape to write into; it may be ``c``
+    itself (then ``c`` is updated in place). Batched operands with equal leading dims
+    use ``baddbmm``; a product with ``h = 1`` is a broadcast ``addcmul``.
+
+    Example:
+        >>> a, b, c = torch.randn(2, 5, 3), torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+        >>> torch.allclose(addmm(c, a, b, -0.5), c - 0.5 * (a @ b))
+        True
+    """
+    if a.shape[-1] == 1:
+        if out is c:
+            return c.addcmul_(a, b, value=alpha)
+        return torch.addcmul(c, a, b, value=alpha, out=out)
+    flat = (
+        a.ndim == b.ndim == c.ndim >= 3
+        and a.shape[:-2] == b.shape[:-2] == c.shape[:-2]
+        and (out is None or out.is_contiguous())
+        and not (a.shape[-2] == 1 and b.shape[-1] == 1)
+    )
+    if flat:
+        a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+        c3 = c.reshape(-1, *c.shape[-2:])
+        if out is None:
+            return torch.baddbmm(c3, a3, b3, alpha=alpha).view(c.shape)
+        if out is c:
+            c3.baddbmm_(a3, b3, alpha=alpha)
+            return c
+        torch.baddbmm(c3, a3, b3, alpha=alpha, out=out.view(c3.shape))
+        return out
+    if a.ndim == b.ndim == c.ndim == 2 and (out is None or out.is_contiguous()):
+        if out is c:
+            return c.addmm_(a, b, alpha=alpha)
+        return torch.addmm(c, a, b, alpha=alpha, out=out)
+    value = c + alpha * mm(a, b)
+    return value if out is None else out.copy_(value)
+
+
 #: ``id(M) -> (weak reference to M, (eps, version), Gram)`` (see :meth:`Gram.of`).
 _GRAMS: dict[int, tuple] = {}
 

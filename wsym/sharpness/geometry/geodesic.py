@@ -24,72 +24,138 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from wsym.sharpness.geometry.block import DEFAULT_EPS, Gram, Metric, Pair, as_pair, check_metric, mm
+from wsym.sharpness.geometry.block import (
+    DEFAULT_EPS,
+    Gram,
+    Metric,
+    Pair,
+    addmm,
+    as_pair,
+    check_metric,
+    mm,
+)
 
 
 def _sym(M: Tensor) -> Tensor:
     return M + M.mT
 
 
-def _invariant_factor(M: Tensor, xi: Tensor, eps: float) -> tuple[Tensor, Callable]:
-    """One decoupled factor of the invariant metric: its ``Gamma`` part and that part's VJP.
+class _Cross:
+    """``x^T M`` and ``x^T x`` of a factor ``M`` and its tangent ``x``, and ``[M | x]^T g``.
+
+    Where ``h > 1`` each is one product with ``[M | x]`` (kept for the VJP's products).
+    """
+
+    def __init__(self, x: Tensor, M: Tensor):
+        self.h = M.shape[-1]
+        self.x, self.M = x, M
+        self.both = None if self.h == 1 else torch.cat([M, x], dim=-1)
+        if self.both is None:
+            self.xM, self.xx = mm(x.mT, M), mm(x.mT, x)
+        else:
+            T = mm(x.mT, self.both)
+            self.xM, self.xx = T[..., : self.h], T[..., self.h :]
+
+    def of(self, g: Tensor) -> Tensor:
+        """``[M | x]^T g``: ``M^T g`` on top of ``x^T g``, ``(..., 2h, h)``."""
+        if self.both is None:
+            return torch.cat([mm(self.M.mT, g), mm(self.x.mT, g)], dim=-2)
+        return mm(self.both.mT, g)
+
+
+def _into(out: Tensor | None, like: Tensor) -> Tensor | None:
+    """``out`` if it can be written (contiguous, of ``like``'s shape), else None."""
+    return out if out is not None and out.shape == like.shape and out.is_contiguous() else None
+
+
+def _invariant_factor(
+    M: Tensor, xi: Tensor, eps: float, start: Tensor, alpha: float, out: Tensor | None = None
+) -> tuple[Tensor, Callable]:
+    """One decoupled factor of the invariant metric: ``start + alpha Gamma`` and the step's VJP.
 
     ``Gamma = -xi P^{-1} S + M P^{-1} xi^T xi`` with ``S = xi^T M + M^T xi`` and
     ``P = M^T M + s I``; the VJP returns ``g - (d/dv Gamma(xi, xi)/2 [v])^T g``.
     """
     P = Gram.of(M, eps)
-    S = _sym(mm(xi.mT, M))
+    cross = _Cross(xi, M)
     h = M.shape[-1]
-    Z = P.solve(torch.cat([S, mm(xi.mT, xi)], dim=-1))
-    gamma = -mm(xi, Z[..., :h]) + mm(M, Z[..., h:])
+    Z = P.solve(torch.cat([_sym(cross.xM), cross.xx], dim=-1))
+    gamma = addmm(start, xi, Z[..., :h], -alpha, out=_into(out, start))
+    addmm(gamma, M, Z[..., h:], alpha, out=gamma)
 
-    def vjp(g: Tensor) -> Tensor:
-        W = P.solve(torch.cat([mm(xi.mT, g), mm(M.mT, g)], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
-        # S P^-1 = (P^-1 S)^T: both symmetric
-        adj = -0.5 * mm(g, Z[..., :h].mT) - 0.5 * mm(M, _sym(W[..., :h]))
-        return g - (adj + 0.5 * mm(xi, _sym(W[..., h:])))
+    def vjp(g: Tensor, out: Tensor | None = None) -> Tensor:
+        T = cross.of(g)  # M^T g on top of xi^T g
+        W = P.solve(torch.cat([T[..., h:, :], T[..., :h, :]], dim=-1))  # P^-1 xi^T g, P^-1 M^T g
+        # g + (g Z1^T + M sym(W1) - xi sym(W2)) / 2, with S P^-1 = (P^-1 S)^T (both symmetric)
+        pulled = addmm(g, g, Z[..., :h].mT, 0.5, out=_into(out, g))
+        addmm(pulled, M, _sym(W[..., :h]), 0.5, out=pulled)
+        return addmm(pulled, xi, _sym(W[..., h:]), -0.5, out=pulled)
 
     return gamma, vjp
 
 
-def _mixed(block: Pair, xi: Pair, eps: float) -> tuple[Pair, Callable]:
-    """``Gamma(xi, xi)`` of the mixed metric and the VJP of the step (G and H coupled)."""
+def _mixed(
+    block: Pair, xi: Pair, eps: float, start: Pair, alpha: float, out: Pair | None = None
+) -> tuple[Pair, Callable]:
+    """``start + alpha Gamma(xi, xi)`` of the mixed metric and the step's VJP (G, H coupled)."""
     (G, H), (xG, xH) = block, xi
     P, Q = Gram.of(G, eps), Gram.of(H, eps)
-    S_G, S_H = _sym(mm(xG.mT, G)), _sym(mm(xH.mT, H))
-    A_G, A_H = P.solve(S_G, left=False), Q.solve(S_H, left=False)  # S P^-1, S Q^-1
-    gamma = Pair(
-        mm(xG, A_H) - mm(G, Q.solve(mm(xH.mT, xH), left=False)),
-        mm(xH, A_G) - mm(H, P.solve(mm(xG.mT, xG), left=False)),
-    )
+    cG, cH = _Cross(xG, G), _Cross(xH, H)
+    h = G.shape[-1]
+    # S P^-1 on top of (xi^T xi) P^-1, one product per factor (and S Q^-1, ... for H)
+    AB_G = P.solve(torch.cat([_sym(cG.xM), cG.xx], dim=-2), left=False)
+    AB_H = Q.solve(torch.cat([_sym(cH.xM), cH.xx], dim=-2), left=False)
+    A_G, A_H = AB_G[..., :h, :], AB_H[..., :h, :]
+    oG, oH = (None, None) if out is None else (_into(out.G, xG), _into(out.H, xH))
+    gamma = Pair(addmm(start.G, xG, A_H, alpha, out=oG), addmm(start.H, xH, A_G, alpha, out=oH))
+    addmm(gamma.G, G, AB_H[..., h:, :], -alpha, out=gamma.G)
+    addmm(gamma.H, H, AB_G[..., h:, :], -alpha, out=gamma.H)
 
-    def vjp(g: Pair) -> Pair:
+    def vjp(g: Pair, out: Pair | None = None) -> Pair:
         gG, gH = g
+        oG, oH = (None, None) if out is None else (_into(out.G, gG), _into(out.H, gH))
         # with t_G = g_G Q^-1, t_H = g_H P^-1: M = xi^T t and N = (G or H)^T t
-        M_G, N_G = Q.solve(mm(xG.mT, gG), left=False), Q.solve(mm(G.mT, gG), left=False)
-        M_H, N_H = P.solve(mm(xH.mT, gH), left=False), P.solve(mm(H.mT, gH), left=False)
-        # Q^-1 S_H = (S_H Q^-1)^T: both symmetric
-        adj_G = 0.5 * (mm(gG, A_H.mT) + mm(G, _sym(M_H)) - mm(xG, _sym(N_H)))
-        adj_H = 0.5 * (mm(gH, A_G.mT) + mm(H, _sym(M_G)) - mm(xH, _sym(N_G)))
-        return Pair(gG - adj_G, gH - adj_H)
+        NM_G, NM_H = Q.solve(cG.of(gG), left=False), P.solve(cH.of(gH), left=False)
+        N_G, M_G, N_H, M_H = NM_G[..., :h, :], NM_G[..., h:, :], NM_H[..., :h, :], NM_H[..., h:, :]
+        # g - (g A^T + (G or H) sym(M) - xi sym(N)) / 2, with Q^-1 S_H = (S_H Q^-1)^T
+        pG = addmm(gG, gG, A_H.mT, -0.5, out=oG)
+        addmm(addmm(pG, G, _sym(M_H), -0.5, out=pG), xG, _sym(N_H), 0.5, out=pG)
+        pH = addmm(gH, gH, A_G.mT, -0.5, out=oH)
+        addmm(addmm(pH, H, _sym(M_G), -0.5, out=pH), xH, _sym(N_G), 0.5, out=pH)
+        return Pair(pG, pH)
 
     return gamma, vjp
 
 
-def _linearized(block: Pair, xi: Pair, metric: str, eps: float) -> tuple[Pair, Callable]:
-    """``Gamma(xi, xi)`` and the VJP of the step ``xi -> xi - Gamma(xi, xi) / 2``.
+def _linearized(
+    block: Pair, xi: Pair, metric: str, eps: float, step: bool = False, out: Pair | None = None
+) -> tuple[Pair, Callable]:
+    """``Gamma(xi, xi)`` (or, with ``step``, the step ``xi - Gamma(xi, xi) / 2``) and its VJP.
 
     The two share their products with ``xi`` (computed once), which is what an
     ascent needs at every step: the moved point, then the pullback of its gradient.
+    ``out``: a pair to write the step into (with ``step``); the VJP takes one too.
     """
     metric = check_metric(metric)
     if metric == "euclidean":
-        return Pair(torch.zeros_like(xi.G), torch.zeros_like(xi.H)), lambda g: Pair(*g)
+        if not step:
+            gamma = Pair(*map(torch.zeros_like, xi))
+        elif out is None:
+            gamma = Pair(*(x.clone() for x in xi))
+        else:
+            gamma = Pair(*(o.copy_(x) for o, x in zip(out, xi, strict=True)))
+        return gamma, lambda g, out=None: Pair(*g)
+    start, alpha = (xi, -0.5) if step else (Pair(*map(torch.zeros_like, xi)), 1.0)
+    out = out if step else None
     if metric == "mixed":
-        return _mixed(block, xi, eps)
-    gamma_G, vjp_G = _invariant_factor(block.G, xi.G, eps)
-    gamma_H, vjp_H = _invariant_factor(block.H, xi.H, eps)
-    return Pair(gamma_G, gamma_H), lambda g: Pair(vjp_G(g[0]), vjp_H(g[1]))
+        return _mixed(block, xi, eps, start, alpha, out)
+    gamma_G, vjp_G = _invariant_factor(block.G, xi.G, eps, start.G, alpha, out and out.G)
+    gamma_H, vjp_H = _invariant_factor(block.H, xi.H, eps, start.H, alpha, out and out.H)
+
+    def vjp(g: Pair, out: Pair | None = None) -> Pair:
+        return Pair(vjp_G(g[0], out and out[0]), vjp_H(g[1], out and out[1]))
+
+    return Pair(gamma_G, gamma_H), vjp
 
 
 def christoffel(
@@ -189,7 +255,8 @@ def geodesic_step_linearized(
     xi: Pair | tuple[Tensor, Tensor],
     metric: Metric = "invariant",
     eps: float = DEFAULT_EPS,
-) -> tuple[Pair, Callable[[Pair], Pair]]:
+    out: Pair | None = None,
+) -> tuple[Pair, Callable[..., Pair]]:
     """The displacement ``xi - Gamma(xi, xi) / 2`` of :func:`geodesic_step` and its VJP.
 
     One call gives what :func:`geodesic_step` and :func:`geodesic_step_vjp` give
@@ -200,10 +267,13 @@ def geodesic_step_linearized(
         xi: tangent vector of the same shapes.
         metric: ``"euclidean"``, ``"invariant"`` or ``"mixed"``.
         eps: Gram regularization; 0 for exact formulas.
+        out: a pair of contiguous tensors shaped like ``xi`` to write the displacement
+            into (it must not be ``xi``); default new tensors.
 
     Returns:
         ``(displacement, vjp)``: the new block is ``block + displacement``; ``vjp``
-        maps a cotangent at the new block to ``(dL/dxi_G, dL/dxi_H)``.
+        maps a cotangent at the new block to ``(dL/dxi_G, dL/dxi_H)`` (``vjp(g, out)``
+        writes it into the pair ``out``).
 
     Example:
         >>> G, H = torch.randn(4, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
@@ -212,5 +282,4 @@ def geodesic_step_linearized(
         >>> torch.allclose(G + move.G, geodesic_step((G, H), xi, "invariant").G)
         True
     """
-    gamma, vjp = _linearized(as_pair(block), as_pair(xi), metric, eps)
-    return Pair(xi[0] - 0.5 * gamma.G, xi[1] - 0.5 * gamma.H), vjp
+    return _linearized(as_pair(block), as_pair(xi), metric, eps, step=True, out=out)
