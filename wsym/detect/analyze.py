@@ -10,6 +10,7 @@ from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context
 from wsym.detect.rules import MASKS, RULES
 from wsym.detect.rules.rotary import find_rotary, parameter_free, rotary
+from wsym.detect.rules.shape import tiled_axes
 from wsym.detect.tracing.export import Traced
 
 MAX_PASSES = 4
@@ -170,6 +171,8 @@ def unknown_ops(traced: Traced) -> list[str]:
             continue
         name = rule_name(node)
         known = name in RULES or (name.endswith("_") and name[:-1] in RULES)
+        if name == "aten::repeat" and tiled_axes(node):  # InstanceNorm's decomposition:
+            known = False  # the export keeps instance_norm, which a rule reads
         if not known and name not in KEPT_BY_EXPORT:
             out.append(name)
     return out

@@ -219,14 +219,18 @@ def repeat(ctx: Context, node) -> None:
     An axis of more than one unit repeated more than once holds tiles of the same
     units, which no layout here describes: it is blocked.
     """
-    src, reps = node.args[0], list(node.args[1])
-    in_shape = shape(src)
-    offset = len(reps) - len(in_shape)
+    src = node.args[0]
     expand(ctx, node)
-    for j, n in enumerate(in_shape):
-        if n > 1 and reps[offset + j] > 1:  # tiles: neither the units nor the copies move
-            ctx.block_dim(ctx.layouts[src.name][j], "repeat tiles an axis")
-            ctx.block_dim(ctx.layouts[node.name][offset + j], "repeat tiles an axis")
+    for j, i in tiled_axes(node):  # tiles: neither the units nor the copies move
+        ctx.block_dim(ctx.layouts[src.name][j], "repeat tiles an axis")
+        ctx.block_dim(ctx.layouts[node.name][i], "repeat tiles an axis")
+
+
+def tiled_axes(node) -> list[tuple[int, int]]:
+    """``(input axis, output axis)`` pairs that a ``repeat`` node tiles (more than one unit)."""
+    in_shape, reps = shape(node.args[0]), list(node.args[1])
+    offset = len(reps) - len(in_shape)
+    return [(j, offset + j) for j, n in enumerate(in_shape) if n > 1 and reps[offset + j] > 1]
 
 
 def pad(ctx: Context, node) -> None:
