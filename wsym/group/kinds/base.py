@@ -218,8 +218,8 @@ def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:
 
     Each tensor is split into blocks once, not once per group: a DenseNet's
     features are read by every later layer, so each of its ~2500 groups touches
-    ~40 tensors. Where every part on a tensor reorders (or every part multiplies)
-    each class axis on its own (:attr:`Kind.axis_map`), the parts' effect on one
+    ~40 tensors. Where every part on a tensor acts on each class axis on its own,
+    reordering or multiplying it (:attr:`Kind.axis_map`), the parts' effect on one
     axis is found once on vectors along it (``arange`` and ones, through the same
     :meth:`Kind.block_fn` calls, in order) and applied with one ``index_select``
     and one product per axis: the per-block calls then touch vectors, not the
