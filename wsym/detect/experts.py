@@ -68,10 +68,14 @@ def split_experts(spec: SymmetrySpec, routers=None) -> tuple[SymmetrySpec, dict[
             merge[rows[0].cls] = target
             groups.append(Group("permutation", size, 1, (), cls=target))
     layouts = tuple((p, tuple(_relabel(t, merge) for t in dims)) for p, dims in spec.layouts)
+    relabelled = dataclasses.replace(spec, layouts=layouts)
     groups = [_moved_class(g, merge) for g in groups]  # a scaling of whole experts
-    groups = [g if g.params else _with_params(g, layouts, spec.buffers) for g in groups]
+    groups = [  # the expert permutation: the parameters its class labels
+        g if g.params else dataclasses.replace(g, params=tuple(class_params(relabelled, g.cls)))
+        for g in groups
+    ]
     out = dataclasses.replace(
-        spec, groups=tuple(groups), layouts=layouts, notes=_notes(spec, layouts, experts)
+        relabelled, groups=tuple(groups), notes=_notes(spec, layouts, experts)
     )
     keep = [i for i, g in enumerate(out.groups) if not _contained(out, g)]
     shared = {keep.index(i): g for i, g in shared.items()}
@@ -105,16 +109,6 @@ def _notes(spec: SymmetrySpec, layouts, experts: dict) -> tuple:
     )
     kept = tuple(n for n in spec.notes if (n[0], n[1]) not in axes or "permutation" not in n[2])
     return kept + tuple((p, d, text) for p, d in sorted(axes))
-
-
-def _with_params(g: Group, layouts, buffers) -> Group:
-    """The expert permutation, with the parameters its class labels."""
-    held = tuple(
-        p
-        for p, dims in layouts
-        if p not in buffers and any(leaf.cls == g.cls for t in dims for leaf in leaves(t))
-    )
-    return dataclasses.replace(g, params=held)
 
 
 def _moved_class(g: Group, merge: dict[int, int]) -> Group:

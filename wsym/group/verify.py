@@ -85,9 +85,7 @@ class Probe:
     ):
         self.model = model  # never modified: every call swaps in a state dict
 
-        def cast(t):
-            return t.detach().to(dtype) if t.is_floating_point() else t.detach()
-
+        cast = _caster(dtype)
         args, kwargs = model_inputs(model, example_inputs)
         gen = torch.Generator().manual_seed(seed)
         self.args = tuple(_randomize(a, gen, dtype, input_scale) for a in args)
@@ -119,11 +117,7 @@ class Probe:
         """
         other = copy.copy(self)
         other.dtype = dtype
-
-        def cast(x):
-            return x.detach().to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x
-
-        other._cast = cast
+        other._cast = cast = _caster(dtype)
         other.args = tuple(cast(a) for a in self.args)
         other.kwargs = {k: cast(v) for k, v in self.kwargs.items()}
         other.extra = {k: cast(v) for k, v in self.extra.items()}
@@ -302,6 +296,17 @@ def tied_keys(model: torch.nn.Module) -> dict[str, str]:
         else:
             seen[ident] = k
     return out
+
+
+def _caster(dtype):
+    """``cast(x)``: a float tensor detached in ``dtype``, other tensors detached, the rest as is."""
+
+    def cast(x):
+        if not torch.is_tensor(x):
+            return x
+        return x.detach().to(dtype) if x.is_floating_point() else x.detach()
+
+    return cast
 
 
 def _randomize(x, gen, dtype, factor: float = 1.0):

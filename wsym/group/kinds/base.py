@@ -202,12 +202,19 @@ def random_orthogonal(shape, n, gen, special: bool = False) -> Tensor:
 
 def index_sizes(spec: SymmetrySpec, group: Group) -> list[int]:
     """Sizes of the group's index classes (one copy per index value)."""
+    if not group.index:
+        return []
     sizes = {}
     for _, dims in spec.layouts:
         for t in dims:
             for leaf in leaves(t):
                 sizes[leaf.cls] = leaf.size
     return [sizes[c] for c in group.index]
+
+
+def value_shape(spec: SymmetrySpec, group: Group) -> tuple[int, ...]:
+    """``(*index, n)``: the shape of a per-unit value (a permutation, scales, signs)."""
+    return (*index_sizes(spec, group), group.size)
 
 
 def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsym.group.kinds.base import Kind, index_sizes, log_uniform, per_copy_sums, per_unit
+from wsym.group.kinds.base import Kind, log_uniform, per_copy_sums, per_unit, value_shape
 from wsym.group.layout import blocks_of, map_blocks, transform
 from wsym.group.spec import Group, SymmetrySpec
 
@@ -47,7 +47,7 @@ class Sign(Kind):
 
     def sample(self, spec: SymmetrySpec, group: Group, gen, scale=(1e-2, 1e2), moving=False):
         """Uniform signs (with ``moving``: at least one unit flips)."""
-        shape = _value_shape(spec, group)
+        shape = value_shape(spec, group)
         signs = torch.randint(0, 2, shape, generator=gen).to(torch.float64) * 2 - 1
         if moving and (signs > 0).all():
             signs.view(-1)[torch.randint(0, signs.numel(), (1,), generator=gen)] = -1
@@ -55,7 +55,7 @@ class Sign(Kind):
 
     def identity(self, spec: SymmetrySpec, group: Group):
         """All ones (one vector per index value)."""
-        return torch.ones(_value_shape(spec, group), dtype=torch.float64)
+        return torch.ones(value_shape(spec, group), dtype=torch.float64)
 
     def inverse(self, group: Group, value):
         """A sign vector is its own inverse."""
@@ -87,7 +87,7 @@ class Scaling(Sign):
 
     def sample(self, spec: SymmetrySpec, group: Group, gen, scale=(1e-2, 1e2), moving=False):
         """Log-uniform scales in ``scale``."""
-        return log_uniform(_value_shape(spec, group), scale, gen)
+        return log_uniform(value_shape(spec, group), scale, gen)
 
     def inverse(self, group: Group, value):
         """``1 / s``."""
@@ -95,7 +95,7 @@ class Scaling(Sign):
 
     def coefficient_shape(self, spec: SymmetrySpec, group: Group) -> tuple[int, ...]:
         """``(*index, n)``: log-scales."""
-        return _value_shape(spec, group)
+        return value_shape(spec, group)
 
     def exp(self, group: Group, a: Tensor):
         """The scales: the elementwise exponential of ``a``."""
@@ -120,7 +120,7 @@ class Scaling(Sign):
     def generator_adjoint(self, spec: SymmetrySpec, group: Group, state: dict, y: dict) -> Tensor:
         """Per unit, ``sum e w y`` over its entries."""
         exps = dict(group.exponents)
-        out = torch.zeros(_value_shape(spec, group), dtype=_dtype(y))
+        out = torch.zeros(value_shape(spec, group), dtype=_dtype(y))
         for key in group.params:
             if key in y:
                 out = out + _unit_sums(spec, key, state[key] * y[key], group, exps)
@@ -214,18 +214,13 @@ def _unit_fn(group: Group, factor: Tensor):
 
 def _unit_sums(spec: SymmetrySpec, key: str, t: Tensor, group: Group, exps: dict) -> Tensor:
     """Per unit, ``sum e t`` over the entries of ``t`` on class axes of exponent ``e``."""
-    out = torch.zeros(_value_shape(spec, group), dtype=t.dtype)
+    out = torch.zeros(value_shape(spec, group), dtype=t.dtype)
     for block, lv in blocks_of(spec, key, t):
         for ax, leaf in enumerate(lv):
             e = exps.get(leaf.var, 0)
             if e and leaf.cls == group.cls:
                 out = out + e * per_copy_sums(group, block, lv, ax)
     return out
-
-
-def _value_shape(spec: SymmetrySpec, group: Group) -> tuple[int, ...]:
-    """``(*index, n)``: one factor per unit and index value."""
-    return (*(index_sizes(spec, group) if group.index else ()), group.size)
 
 
 def _class_vars(spec: SymmetrySpec, key: str, group: Group) -> set[int]:

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from wsym.group.kinds.base import Kind, index_sizes, per_unit
+from wsym.group.kinds.base import Kind, index_sizes, per_unit, value_shape
 from wsym.group.spec import Group, SymmetrySpec
 
 
@@ -39,7 +39,7 @@ class Permutation(Kind):
 
     def sample(self, spec: SymmetrySpec, group: Group, gen, scale=(1e-2, 1e2), moving=False):
         """A uniform permutation (with ``moving``: a random n-cycle, every unit moves)."""
-        idx = index_sizes(spec, group) if group.index else []
+        idx = index_sizes(spec, group)
         perms = [self._one(group.size, gen, moving) for _ in range(math.prod(idx))]
         return perms[0] if not group.index else torch.stack(perms).reshape(*idx, group.size)
 
@@ -54,8 +54,7 @@ class Permutation(Kind):
 
     def identity(self, spec: SymmetrySpec, group: Group):
         """``arange(n)`` (one per index value)."""
-        idx = index_sizes(spec, group) if group.index else []
-        return torch.arange(group.size).expand(*idx, group.size).clone()
+        return torch.arange(group.size).expand(value_shape(spec, group)).clone()
 
     def inverse(self, group: Group, value):
         """``argsort(perm)``."""
