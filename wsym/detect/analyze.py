@@ -8,6 +8,7 @@ import torch
 
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context
+from wsym.detect.relabel import block_unsound, resolve
 from wsym.detect.rules import MASKS, RULES
 from wsym.detect.rules.rotary import find_rotary, parameter_free, rotary
 from wsym.detect.rules.shape import tiled_axes
@@ -62,9 +63,13 @@ def live_nodes(graph: torch.fx.Graph) -> set[str]:
     return live
 
 
-def run_pass(traced: Traced, indexed_sites=frozenset(), ties=()) -> Context:
-    """One pass of all rules over the graph; ``ties`` are placeholder pairs sharing storage."""
-    ctx = Context(indexed_sites=frozenset(indexed_sites))
+def run_pass(traced: Traced, indexed_sites=frozenset(), ties=(), factored=frozenset()) -> Context:
+    """One pass of all rules over the graph; ``ties`` are placeholder pairs sharing storage.
+
+    ``factored``: the channel shuffles read as their ``(g, C/g)`` factors
+    (:mod:`wsym.detect.relabel`).
+    """
+    ctx = Context(indexed_sites=frozenset(indexed_sites), factored=frozenset(factored))
     tied = dict(ties)
     free = parameter_free(traced.graph, set(traced.parameters))
     rotaries, inside = find_rotary(traced.graph, free)
@@ -195,11 +200,19 @@ def _is_float_op(node) -> bool:
 
 
 def analyze(traced: Traced, ties=()) -> Context:
-    """Run passes until no fused axis remains to be separated."""
+    """Run passes until no fused axis remains to be separated and every shuffle's merge holds.
+
+    A shuffle whose merge does not hold is read as its factors in the next pass;
+    after the last, both sides of any still left are blocked.
+    """
     sites: set = set()
+    factored: set = set()
     for _ in range(MAX_PASSES):
-        ctx = run_pass(traced, sites, ties)
-        if ctx.hits <= sites:
+        ctx = run_pass(traced, sites, ties, factored)
+        ctx.merged, unsound = resolve(ctx)
+        if ctx.hits <= sites and not unsound:
             return ctx
         sites |= ctx.hits
+        factored |= unsound
+    block_unsound(ctx, unsound)
     return ctx

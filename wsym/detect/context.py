@@ -52,6 +52,9 @@ class Context:
     sub_axes: dict = field(default_factory=dict)
     op: str = ""  # the operation being read, named in explanations
     pins: list = field(default_factory=list)  # (system, atom, op): an exponent forced to 0
+    relabels: list = field(default_factory=list)  # (output, input, units, node): a shuffle
+    factored: frozenset = frozenset()  # shuffles read as their (g, C/g) factors
+    merged: dict = field(default_factory=dict)  # class root -> Relabel, once resolved
 
     # -- atoms and layouts -------------------------------------------------
     def new(self, size: int, owner: tuple | None = None, split=None) -> int:

@@ -20,9 +20,7 @@ def class_pins(ctx, st, wanted: set) -> dict:
     """``{(system, leaf class): op}``: the first operation fixing an exponent in that class."""
     out: dict = {}
     for system, atom, op in ctx.pins:
-        r = st.atoms.root(atom)
-        classes = [r] if r not in st.atoms.split else [c for _, c, _ in st.leaves(atom)]
-        for c in classes:
+        for _, c, _ in st.leaves(atom):
             if c in wanted and op:
                 out.setdefault((system, c), op)
     return out

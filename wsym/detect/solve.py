@@ -29,6 +29,7 @@ class Structure:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.atoms = ctx.atoms
+        self.merged = ctx.merged  # class root -> Relabel (wsym.detect.relabel)
         self.info: dict[int, ClassInfo] = {}
         self._canon: dict[int, tuple] = {}
         self._leaves: dict[int, list] = {}
@@ -78,6 +79,7 @@ class Structure:
         conflict = conflict or r in self.atoms.conflict
         split = self.atoms.split.get(r)
         if split is None:
+            r, parity = self.target(r, parity)
             info = self.info.setdefault(r, ClassInfo(size=self.atoms.size[r]))
             info.blocked = info.blocked or blocked
             info.breaks |= breaks
@@ -86,6 +88,15 @@ class Structure:
             return
         for i, c in enumerate(split[1]):
             self._walk(c, (key[0], (*key[1], i)), parity, blocked, breaks, conflict, out)
+
+    def target(self, r: int, parity: int = 0) -> tuple[int, int]:
+        """The class an unsplit class root ``r`` is merged into, and the parity there."""
+        m = self.merged.get(r)
+        return (r, parity) if m is None else (m.target, parity ^ m.parity)
+
+    def relabeled(self, a: int) -> bool:
+        """Whether occurrence ``a`` sees its class through a relabeling (a shuffle's output)."""
+        return self.atoms.root(a) in self.merged
 
     def tree(self, a: int, var_ids: dict) -> Leaf | Split:
         """Layout tree of atom ``a`` (for parameters)."""
@@ -97,7 +108,9 @@ class Structure:
         split = self.atoms.split.get(r)
         if split is None:
             var = var_ids.setdefault(key, len(var_ids))
-            return Leaf(cls=r, size=self.atoms.size[r], parity=parity, var=var)
+            units = self.merged[r].units if r in self.merged else ()
+            r, parity = self.target(r, parity)
+            return Leaf(cls=r, size=self.atoms.size[r], parity=parity, var=var, relabel=units)
         return Split(
             split[0],
             tuple(
@@ -123,7 +136,7 @@ def _alternatives(st: Structure, a: int) -> list[list[int]]:
     r = st.atoms.root(a)
     split = st.atoms.split.get(r)
     if split is None:
-        return [[r]]
+        return [[st.target(r)[0]]]
     subs = [_alternatives(st, c) for c in split[1]]
     if split[0] == "cat":
         return [alt for sub in subs for alt in sub]
@@ -240,8 +253,8 @@ def _activation_sites(ctx: Context, st: Structure, traced: Traced) -> dict:
         if not val.dtype.is_floating_point:
             continue
         for d, dim in enumerate(lay):
-            if len(dim) != 1 or isinstance(dim[0], Dep):
-                continue
+            if len(dim) != 1 or isinstance(dim[0], Dep) or st.relabeled(dim[0]):
+                continue  # a shuffled axis holds its class's units out of order
             found = st.leaves(dim[0])
             if len(found) == 1 and st.atoms.size[found[0][1]] == val.shape[d]:
                 cls, numel = found[0][1], val.numel()

@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,7 +51,11 @@ from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 
 
 def transform(t: Tensor, trees: list, fn) -> Tensor:
-    """Apply ``fn(block, leaves)`` to every leaf-level block of ``t`` (one tree per axis)."""
+    """Apply ``fn(block, leaves)`` to every leaf-level block of ``t`` (one tree per axis).
+
+    A relabeled leaf's axis (:class:`~wsym.group.spec.Leaf`) reaches ``fn`` in its
+    class's order and goes back in the tensor's.
+    """
     for i, tree in enumerate(trees):
         if isinstance(tree, Split) and tree.mode == "prod":
             sizes = tuple(c.size for c in tree.children)
@@ -66,7 +71,52 @@ def transform(t: Tensor, trees: list, fn) -> Tensor:
                 ],
                 dim=i,
             )
-    return fn(t, trees)
+    moved = [(ax, leaf.relabel) for ax, leaf in enumerate(trees) if _relabel(leaf)]
+    for ax, r in moved:  # position k holds unit r[k]: unit u sits at argsort(r)[u]
+        t = t.index_select(ax, _positions(r))
+    out = fn(t, trees)
+    for ax, r in moved:
+        out = out.index_select(ax, _units(r))
+    return out
+
+
+def _relabel(tree) -> tuple:
+    return tree.relabel if isinstance(tree, Leaf) else ()
+
+
+@functools.lru_cache(maxsize=256)
+def _units(relabel: tuple) -> Tensor:
+    """Per position, the unit it holds."""
+    return torch.tensor(relabel, dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(relabel: tuple) -> Tensor:
+    """Per unit, the position holding it."""
+    return torch.argsort(_units(relabel))
+
+
+def relabeled(spec: SymmetrySpec, key: str | None = None) -> bool:
+    """Whether a leaf of ``key``'s layout (of any, without ``key``) is relabeled."""
+
+    def compute(dims):
+        return any(leaf.relabel for t in dims for leaf in leaves(t))
+
+    if key is None:
+        return derived(spec, "relabeled", lambda: any(compute(d) for _, d in spec.layouts))
+    return derived(spec, ("relabeled", key), lambda: compute(spec.layout[key]))
+
+
+def refuse_relabeled(spec: SymmetrySpec, who: str) -> None:
+    """One-line :class:`~wsym.errors.WsymInputError` for a consumer that reads axes itself."""
+    if relabeled(spec):
+        from wsym.errors import WsymInputError
+
+        raise WsymInputError(
+            f"{who} reads tensor axes in their stored order, and this spec relabels a class "
+            "along some axis (a channel shuffle); drop those groups from the spec "
+            "(or detect on the model without the shuffle)"
+        )
 
 
 def block_plan(spec: SymmetrySpec, key: str) -> tuple | list:
@@ -79,7 +129,8 @@ def block_plan(spec: SymmetrySpec, key: str) -> tuple | list:
 
 
 def _plan(trees) -> tuple | list:
-    if not any(isinstance(t, Split) and t.mode == "cat" for tree in trees for t in _nodes(tree)):
+    nodes = [t for tree in trees for t in _nodes(tree)]
+    if not any((isinstance(t, Split) and t.mode == "cat") or _relabel(t) for t in nodes):
         lv = [leaf for tree in trees for leaf in leaves(tree)]
         return tuple(leaf.size for leaf in lv), lv
     numbers = torch.arange(math.prod(t.size for t in trees)).reshape(tuple(t.size for t in trees))
@@ -130,7 +181,8 @@ def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False
     (``fn`` must leave the others unchanged, or, with ``zero``, map them to zero):
     a tensor concatenated from many classes (a DenseNet's BatchNorm over all
     earlier layers' features) is then visited once per group, not once per block.
-    The blocks of a concatenation are read and written as views (:func:`_boxes`).
+    The blocks of a concatenation are read and written as views (:func:`_boxes`);
+    a relabeled one (in its class's order) by its plan's flat indices.
     """
     plan = block_plan(spec, key)
     if isinstance(plan, tuple):
@@ -142,6 +194,8 @@ def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False
         visit = sorted({b for c in cls for b in blocks_with(spec, key, c)})
     else:
         visit = blocks_with(spec, key, cls)
+    if relabeled(spec, key):
+        return _map_indexed(plan, visit, t, fn, zero)
     boxes = _boxes(spec, key)
     src = t.contiguous()
     done = [(boxes[b], fn(_at(src, boxes[b]), plan[b][1])) for b in visit]
@@ -154,6 +208,17 @@ def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False
         view = _at(out, steps)
         view.copy_(block.reshape(view.shape))
     return out
+
+
+def _map_indexed(plan: list, visit, t: Tensor, fn, zero: bool) -> Tensor:
+    """:func:`map_blocks` by gathering and scattering the plan's flat indices."""
+    flat = t.reshape(-1)
+    done = [(plan[b][0], fn(flat[plan[b][0]], list(plan[b][1]))) for b in visit]
+    dtype = done[0][1].dtype if done else t.dtype
+    out = torch.zeros(flat.shape, dtype=dtype) if zero else flat.to(dtype, copy=True)
+    for idx, block in done:
+        out[idx.reshape(-1)] = block.reshape(-1)
+    return out.reshape(t.shape)
 
 
 def _boxes(spec: SymmetrySpec, key: str) -> list[tuple]:

@@ -34,6 +34,7 @@ import functools
 import json
 from dataclasses import asdict, dataclass
 
+from wsym.errors import WsymInputError
 from wsym.group.memo import attach_graph, derived, graph_of
 
 KINDS = ("permutation", "scaling", "sign", "gl", "orthogonal", "translation", "norm_scaling")
@@ -41,12 +42,28 @@ KINDS = ("permutation", "scaling", "sign", "gl", "orthogonal", "translation", "n
 
 @dataclass(frozen=True)
 class Leaf:
-    """An atom of a parameter axis: class id, size, parity, occurrence id."""
+    """An atom of a parameter axis: class id, size, parity, occurrence id.
+
+    ``relabel`` (empty: none) is a fixed relabeling of the class's units along
+    this axis: position ``k`` holds unit ``relabel[k]``. After a channel shuffle
+    ``sigma`` the next layer reads the channels of the layer before in shuffled
+    order, so a permutation ``pi`` of them acts there as ``sigma pi sigma^-1``.
+    The block reader (:mod:`wsym.group.layout`) hands every consumer such a
+    block in the class's own order, so no kind needs to know.
+    """
 
     cls: int
     size: int
     parity: int
     var: int
+    relabel: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.relabel and sorted(self.relabel) != list(range(self.size)):
+            raise WsymInputError(
+                f"a leaf's relabel must be a permutation of range({self.size}), "
+                f"not {self.relabel[:8]}...; pass a spec written by wsym"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,13 +133,13 @@ class Group:
 
 def _tree_to_json(t):
     if isinstance(t, Leaf):
-        return ["leaf", t.cls, t.size, t.parity, t.var]
+        return ["leaf", t.cls, t.size, t.parity, t.var] + ([list(t.relabel)] if t.relabel else [])
     return [t.mode, [_tree_to_json(c) for c in t.children]]
 
 
 def _tree_from_json(x):
     if x[0] == "leaf":
-        return Leaf(*x[1:])
+        return Leaf(*x[1:5], relabel=tuple(x[5]) if len(x) > 5 else ())
     return Split(x[0], tuple(_tree_from_json(c) for c in x[1]))
 
 

@@ -356,24 +356,41 @@ def split(ctx, node, lay, in_shape):
 def channel_shuffle(ctx: Context, node) -> None:
     """channel_shuffle(x, g): channel ``(i, j)`` of ``(g, C / g)`` moves to ``(j, i)``.
 
-    The two factors permute separately (``S_g x S_{C/g}``, as the spelled-out
-    ``view``/``transpose``/``reshape``). Any permutation of the input channels is
-    in fact matched by a conjugated one of the output channels (``S_C``), which
-    a layout over shared atoms cannot express; it is left out.
+    The output's channel axis is the input's class seen through the shuffle
+    (:mod:`wsym.detect.relabel`): any permutation of the input channels is matched
+    by the conjugate one of the output channels (``S_C``). Where the input
+    channels are split, or the merge does not hold (the shuffle is then in
+    ``ctx.factored``), the two factors are coupled and permute separately
+    (``S_g x S_{C/g}``, as the spelled-out ``view``/``transpose``/``reshape``).
     """
     x, g = node.args[0], int(node.args[1])
     lx = ctx.layouts[x.name]
-    k = shape(x)[1] // g
-    factors = [[ctx.new(n)] if n > 1 else [] for n in (g, k)]
-    ctx.couple(lx[1], factors[0] + factors[1])
+    c = shape(x)[1]
     out = ctx.like(lx)
     for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
         if i != 1:
             ctx.couple(do, dx)
-    out[1] = ctx.like([factors[1] + factors[0]])[0]
-    ctx.couple(out[1][: len(factors[1])], factors[1])
-    ctx.couple(out[1][len(factors[1]) :], factors[0])
+    plain = [a for a in lx[1] if not isinstance(a, Dep) and ctx.atoms.size[a] > 1]
+    if node.name in ctx.factored or len(plain) != 1 or ctx.atoms.split_of(plain[0]):
+        out[1] = _factored_shuffle(ctx, lx[1], g, c // g)
+    else:
+        out[1] = [ctx.new(c)]
+        k = c // g  # position j * g + i holds channel i * k + j
+        units = tuple(i * k + j for j in range(k) for i in range(g))
+        ctx.relabels.append((out[1][0], plain[0], units, node.name))
+        for system in ("scale", "sign"):
+            ctx.relations.append((system, "lin", (plain[0], out[1][0]), (1, -1)))
     ctx.layouts[node.name] = out
+
+
+def _factored_shuffle(ctx: Context, dim, g: int, k: int) -> list:
+    """The output channel axis of a shuffle whose ``(g, k)`` factors are coupled apart."""
+    factors = [[ctx.new(n)] if n > 1 else [] for n in (g, k)]
+    ctx.couple(dim, factors[0] + factors[1])
+    out = ctx.like([factors[1] + factors[0]])[0]
+    ctx.couple(out[: len(factors[1])], factors[1])
+    ctx.couple(out[len(factors[1]) :], factors[0])
+    return out
 
 
 def index(ctx: Context, node) -> None:
