@@ -164,7 +164,7 @@ NORMS = [
     ("group-norm-2", nn.GroupNorm(2, 6), {"permutation": 2}, {3}),
     ("group-norm-1", nn.GroupNorm(1, 6), {"permutation": 1}, {6}),
     ("group-norm-6", nn.GroupNorm(6, 6), {"permutation": 1}, {6}),
-    ("channel-shuffle", nn.ChannelShuffle(2), {"permutation": 2, "scaling": 2}, {2, 3}),
+    ("channel-shuffle", nn.ChannelShuffle(2), {"permutation": 1, "scaling": 1}, {6}),  # S_6
 ]  # fmt: skip
 
 

@@ -55,6 +55,7 @@ class Context:
     relabels: list = field(default_factory=list)  # (output, input, units, node): a shuffle
     factored: frozenset = frozenset()  # shuffles read as their (g, C/g) factors
     merged: dict = field(default_factory=dict)  # class root -> Relabel, once resolved
+    shuffles: dict = field(default_factory=dict)  # a spelled-out shuffle's last view -> its start
 
     # -- atoms and layouts -------------------------------------------------
     def new(self, size: int, owner: tuple | None = None, split=None) -> int:

@@ -353,46 +353,6 @@ def split(ctx, node, lay, in_shape):
     return outs
 
 
-def channel_shuffle(ctx: Context, node) -> None:
-    """channel_shuffle(x, g): channel ``(i, j)`` of ``(g, C / g)`` moves to ``(j, i)``.
-
-    The output's channel axis is the input's class seen through the shuffle
-    (:mod:`wsym.detect.relabel`): any permutation of the input channels is matched
-    by the conjugate one of the output channels (``S_C``). Where the input
-    channels are split, or the merge does not hold (the shuffle is then in
-    ``ctx.factored``), the two factors are coupled and permute separately
-    (``S_g x S_{C/g}``, as the spelled-out ``view``/``transpose``/``reshape``).
-    """
-    x, g = node.args[0], int(node.args[1])
-    lx = ctx.layouts[x.name]
-    c = shape(x)[1]
-    out = ctx.like(lx)
-    for i, (do, dx) in enumerate(zip(out, lx, strict=True)):
-        if i != 1:
-            ctx.couple(do, dx)
-    plain = [a for a in lx[1] if not isinstance(a, Dep) and ctx.atoms.size[a] > 1]
-    if node.name in ctx.factored or len(plain) != 1 or ctx.atoms.split_of(plain[0]):
-        out[1] = _factored_shuffle(ctx, lx[1], g, c // g)
-    else:
-        out[1] = [ctx.new(c)]
-        k = c // g  # position j * g + i holds channel i * k + j
-        units = tuple(i * k + j for j in range(k) for i in range(g))
-        ctx.relabels.append((out[1][0], plain[0], units, node.name))
-        for system in ("scale", "sign"):
-            ctx.relations.append((system, "lin", (plain[0], out[1][0]), (1, -1)))
-    ctx.layouts[node.name] = out
-
-
-def _factored_shuffle(ctx: Context, dim, g: int, k: int) -> list:
-    """The output channel axis of a shuffle whose ``(g, k)`` factors are coupled apart."""
-    factors = [[ctx.new(n)] if n > 1 else [] for n in (g, k)]
-    ctx.couple(dim, factors[0] + factors[1])
-    out = ctx.like([factors[1] + factors[0]])[0]
-    ctx.couple(out[: len(factors[1])], factors[1])
-    ctx.couple(out[len(factors[1]) :], factors[0])
-    return out
-
-
 def index(ctx: Context, node) -> None:
     """index(x, [i0, i1, ...]): a gather along the indexed axes; the others are copied.
 
@@ -575,8 +535,6 @@ RULES.update(
         "aten::slice_scatter": slice_scatter,
         "aten::copy": copy,
         "aten::index": index,
-        "aten::channel_shuffle": channel_shuffle,
-        "aten::native_channel_shuffle": channel_shuffle,
         "_operator::getitem": getitem,
     }
 )

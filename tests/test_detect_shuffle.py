@@ -1,0 +1,214 @@
+"""Channel shuffle: the whole S_C of the shuffled channels, through a relabeled class."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from cases import independent_deviation
+from torch import nn
+from torchvision.models.shufflenetv2 import channel_shuffle
+
+import wsym
+from wsym.errors import WsymInputError
+from wsym.group.elements import GroupElement
+from wsym.group.spec import Leaf, Split, SymmetrySpec
+
+G, C = 3, 12
+SIGMA = tuple(i * (C // G) + j for j in range(C // G) for i in range(G))  # position -> channel
+
+
+class Shuffled(nn.Module):
+    """conv (3 -> 12), ReLU (or none), a shuffle of 3 groups of 4, conv (12 -> 2).
+
+    ``form``: ``"nn"`` (``nn.ChannelShuffle``), ``"tv"`` (torchvision's
+    view/transpose/view), ``"cat"`` (the shuffle reads two concatenated
+    convolutions, as in ShuffleNetV2), ``"residual"`` (shuffled channels added to
+    the unshuffled ones: only permutations commuting with the shuffle hold).
+    """
+
+    def __init__(self, form="nn", act=True):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, C, 1), nn.Conv2d(C, 2, 1)
+        self.c = nn.Conv2d(3, C // 2, 1)
+        if form == "cat":
+            self.a = nn.Conv2d(3, C // 2, 1)
+        self.form, self.act = form, act
+
+    def forward(self, x):
+        h = self.a(x) if self.form != "cat" else torch.cat([self.a(x), self.c(x)], 1)
+        h = torch.relu(h) if self.act else h
+        s = channel_shuffle(h, G) if self.form == "tv" else nn.functional.channel_shuffle(h, G)
+        if self.form == "residual":
+            s = s + h
+        return self.b(s).mean((2, 3))
+
+
+def _detect(model, x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return wsym.detect(model.eval(), x)
+
+
+def _x():
+    return torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+def _table(spec) -> list[tuple]:
+    return sorted((g.kind, g.notation, g.params) for g in spec.groups)
+
+
+def _model(form="nn", act=True):
+    torch.manual_seed(0)
+    return Shuffled(form, act).double()
+
+
+ALL = ("a.weight", "a.bias", "b.weight")
+
+
+@pytest.mark.parametrize("form", ["nn", "tv"])
+def test_shuffle_gets_the_whole_symmetric_group(form):
+    model, x = _model(form), _x()
+    spec = _detect(model, x)
+    assert _table(spec) == [("permutation", "S_12", ALL), ("scaling", "(R+)^12", ALL)]
+    (inner,) = spec.layout["b.weight"][1].children
+    assert inner.relabel == SIGMA and spec.layout["a.weight"][0].children[0].relabel == ()
+    assert independent_deviation(model, x, spec, seeds=(0, 1, 2)) < 1e-12
+
+
+@pytest.mark.parametrize("form", ["nn", "tv"])
+def test_linear_shuffle_gets_gl_of_all_channels(form):
+    model, x = _model(form, act=False), _x()
+    spec = _detect(model, x)
+    assert _table(spec) == [("gl", "GL(12)", ALL)]
+    assert independent_deviation(model, x, spec, seeds=(0, 1)) < 1e-12
+
+
+def _permutation(spec, perm):
+    i = next(i for i, g in enumerate(spec.groups) if g.kind == "permutation")
+    return GroupElement(((i, torch.as_tensor(perm)),))
+
+
+def test_act_is_the_conjugate_permutation_after_the_shuffle():
+    """Unit u of ``a`` becomes unit perm[u]; after the shuffle, position k reads sigma^-1 perm sigma."""
+    model, x = _model(), _x()
+    spec, sd = _detect(model, x), model.state_dict()
+    perm = torch.randperm(C, generator=torch.Generator().manual_seed(3))
+    moved = spec.act(_permutation(spec, perm), sd)
+    sigma = torch.tensor(SIGMA)
+    assert torch.equal(moved["a.weight"], sd["a.weight"][perm])
+    expected = sd["b.weight"][:, torch.argsort(sigma)[perm[sigma]]]
+    assert torch.equal(moved["b.weight"], expected)
+
+
+def test_group_laws_hold_exactly_on_the_relabeled_axis():
+    model, x = _model(), _x()
+    spec, sd = _detect(model, x), model.state_dict()
+    g, h = spec.sample(0, scale=(0.1, 10)), spec.sample(1, scale=(0.1, 10))
+    back = spec.act(g.inverse(), spec.act(g, sd))
+    assert all(torch.allclose(back[k], sd[k], rtol=1e-13, atol=0) for k in sd)
+    both = spec.act(GroupElement(g.components + h.components), sd)
+    twice = spec.act(h, spec.act(g, sd))
+    assert all(torch.allclose(both[k], twice[k], rtol=1e-13, atol=0) for k in sd)
+
+
+def _unlabeled(spec: SymmetrySpec, relabel=()) -> SymmetrySpec:
+    """``spec`` with b.weight's input axis read through ``relabel`` instead (a wrong claim)."""
+    (inner,) = spec.layout["b.weight"][1].children
+    dims = list(spec.layout["b.weight"])
+    dims[1] = Split("prod", (dataclasses.replace(inner, relabel=relabel),))
+    layouts = tuple((p, tuple(dims) if p == "b.weight" else d) for p, d in spec.layouts)
+    return dataclasses.replace(spec, layouts=layouts)
+
+
+@pytest.mark.parametrize("wrong", ["identity", "inverse"])
+def test_a_wrong_relabeling_is_caught(wrong):
+    """Negative control: the same S_12 without the shuffle's relabeling (or with its inverse)."""
+    model, x = _model(), _x()
+    spec = _detect(model, x)
+    relabel = () if wrong == "identity" else tuple(torch.argsort(torch.tensor(SIGMA)).tolist())
+    bad = _unlabeled(spec, relabel)
+    assert independent_deviation(model, x, bad, seeds=(0,)) > 1e-2
+    report = bad.verify(model, x)
+    assert report.failed == [0, 1]  # the permutation and the per-channel scaling
+
+
+def test_relabeling_survives_json_and_bad_ones_are_refused():
+    spec = _detect(_model(), _x())
+    assert SymmetrySpec.from_json(spec.to_json()) == spec
+    with pytest.raises(WsymInputError, match="permutation of range"):
+        Leaf(0, 3, 0, 0, relabel=(0, 0, 1))
+
+
+@pytest.mark.parametrize("form", ["cat", "residual"])
+def test_where_the_merge_does_not_hold_nothing_is_claimed(form):
+    """A shuffle of two concatenated classes, or one added to its own input: not merged.
+
+    Its (3, 4) factors then meet the (6, 6) halves (or the unshuffled axis), which
+    blocks the channels: no group acts on them (conservative, see the next test).
+    """
+    model, x = _model(form), _x()
+    spec = _detect(model, x)
+    assert not any(leaf.relabel for _, d in spec.layouts for t in d for leaf in _leaves(t))
+    assert not spec.groups, spec.table()
+    assert "incompatible reshapes" in spec.explain("b.weight")
+
+
+def test_after_a_concatenation_a_larger_group_holds_but_is_not_claimed():
+    """S_6 x S_6 (each half of the concatenation) holds through the shuffle: a leaf cannot say so.
+
+    Its units sit interleaved after the shuffle; a relabeled leaf holds one class.
+    """
+    model, x = _model("cat"), _x()
+    gen = torch.Generator().manual_seed(6)
+    sd, sigma = model.state_dict(), torch.tensor(SIGMA)
+    perm = torch.cat([torch.randperm(6, generator=gen), 6 + torch.randperm(6, generator=gen)])
+    moved = dict(sd)
+    for name, rows in (("a", perm[:6]), ("c", perm[6:] - 6)):
+        moved[f"{name}.weight"], moved[f"{name}.bias"] = sd[f"{name}.weight"][rows], sd[f"{name}.bias"][rows]
+    moved["b.weight"] = sd["b.weight"][:, torch.argsort(sigma)[perm[sigma]]]
+    other = _model("cat")
+    other.load_state_dict(moved)
+    for xx in (x, 20 * torch.randn_like(x)):
+        assert torch.allclose(other(xx), model(xx), rtol=1e-12, atol=1e-12)
+
+
+def _leaves(t):
+    return [t] if isinstance(t, Leaf) else [leaf for c in t.children for leaf in _leaves(c)]
+
+
+def test_consumers_on_a_shuffled_class():
+    """Canonical forms are orbit invariants; alignment recovers the function; metanet refuses."""
+    from wsym.metanet.graph import GraphSchema
+
+    model, x = _model(), _x()
+    spec, sd = _detect(model, x), model.state_dict()
+    moved = spec.act(spec.sample(4, scale=(0.1, 10)), sd)
+    a, b = wsym.canonicalize(sd, spec), wsym.canonicalize(moved, spec)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-10, atol=1e-12) for k in sd)
+    aligned = wsym.align(sd, moved, spec)
+    assert all(torch.allclose(aligned[k], sd[k], rtol=1e-8, atol=1e-10) for k in sd)
+    with pytest.raises(WsymInputError, match="relabels a class"):
+        GraphSchema(spec)
+
+
+def test_quotient_sharpness_is_invariant_on_a_shuffled_class():
+    """Geodesic sharpness modulo the group reads the shuffled axis through the block reader."""
+    import copy
+
+    from wsym.sharpness import sharpness
+
+    model, x = _model(), _x()
+    spec = _detect(model, x)
+    target = torch.randn(2, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def value(m):
+        loss = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+        return sharpness(m, [(x, target)], loss, spec=spec, measure="geodesic-inv", steps=3)
+
+    other = copy.deepcopy(model)
+    other.load_state_dict(spec.act(spec.sample(5, scale=(1e-2, 1e2)), model.state_dict()))
+    before, after = value(model), value(other)
+    assert before != 0 and abs(after - before) <= 1e-6 * abs(before)
