@@ -92,7 +92,7 @@ def _permutation(spec, perm):
 
 
 def test_act_is_the_conjugate_permutation_after_the_shuffle():
-    """Unit u of ``a`` becomes unit perm[u]; after the shuffle, position k reads sigma^-1 perm sigma."""
+    """Unit u of ``a`` becomes unit perm[u]; after the shuffle, sigma^-1 perm sigma acts."""
     model, x = _model(), _x()
     spec, sd = _detect(model, x), model.state_dict()
     perm = torch.randperm(C, generator=torch.Generator().manual_seed(3))
@@ -167,7 +167,8 @@ def test_after_a_concatenation_a_larger_group_holds_but_is_not_claimed():
     perm = torch.cat([torch.randperm(6, generator=gen), 6 + torch.randperm(6, generator=gen)])
     moved = dict(sd)
     for name, rows in (("a", perm[:6]), ("c", perm[6:] - 6)):
-        moved[f"{name}.weight"], moved[f"{name}.bias"] = sd[f"{name}.weight"][rows], sd[f"{name}.bias"][rows]
+        for key in (f"{name}.weight", f"{name}.bias"):
+            moved[key] = sd[key][rows]
     moved["b.weight"] = sd["b.weight"][:, torch.argsort(sigma)[perm[sigma]]]
     other = _model("cat")
     other.load_state_dict(moved)
