@@ -157,10 +157,10 @@ def test_a_false_split_falls_back_to_the_shared_groups(stacked):
 
 
 def test_module_list_experts_have_their_own_hidden_units():
-    """Each expert's hidden units are a class of their own; no expert permutation S_E.
+    """Each expert's hidden units are a class of their own.
 
-    Permuting whole experts (keys ``experts.0.*`` <-> ``experts.1.*``) with the router's
-    rows holds but is not expressible as a group acting on tensor axes.
+    Permuting whole experts with the router's rows is a module permutation
+    (``tests/test_detect_expert_modules.py``).
     """
     torch.manual_seed(0)
     model = ListMoE().double().eval()

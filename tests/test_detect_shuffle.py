@@ -213,3 +213,39 @@ def test_quotient_sharpness_is_invariant_on_a_shuffled_class():
     other.load_state_dict(spec.act(spec.sample(5, scale=(1e-2, 1e2)), model.state_dict()))
     before, after = value(model), value(other)
     assert before != 0 and abs(after - before) <= 1e-6 * abs(before)
+
+
+def test_shufflenet_branch_units_permute_through_its_last_shuffle():
+    """torchvision ShuffleNetV2: what holds at a shuffle is finer than S_C, and is not claimed.
+
+    The shuffle reads ``cat(x1, branch2(x2))``: permuting the branch's 96 output
+    units (its last conv's rows and BatchNorm) and conv5's odd input columns holds;
+    the sweep's spec leaves those channels blocked (a relabeled leaf holds one class).
+    """
+    from torchvision.models import shufflenet_v2_x0_5
+
+    torch.manual_seed(0)
+    model = shufflenet_v2_x0_5().double().eval()
+    gen = torch.Generator().manual_seed(9)
+    generic = {  # BatchNorm statistics and scales off their initial values
+        k: (torch.rand(v.shape, generator=gen, dtype=v.dtype) + 0.5 if v.ndim == 1 else v)
+        for k, v in model.state_dict().items()
+    }
+    model.load_state_dict(generic)
+    sd, moved = model.state_dict(), dict(model.state_dict())
+    perm = torch.randperm(96, generator=torch.Generator().manual_seed(7))
+    for key in sd:
+        if key.startswith("stage4.3.branch2.5.") or key.startswith("stage4.3.branch2.6."):
+            moved[key] = sd[key] if sd[key].ndim == 0 else sd[key][perm]
+    cols = torch.arange(192)
+    cols[1::2] = 2 * perm + 1  # position 2u + 1 reads branch unit u
+    moved["conv5.0.weight"] = sd["conv5.0.weight"][:, cols]
+    other = shufflenet_v2_x0_5().double().eval()
+    other.load_state_dict(moved)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(other(x), model(x), rtol=1e-12, atol=1e-12)
+        cols[1::2] = torch.arange(1, 192, 2)  # negative control: the columns left in place
+        moved["conv5.0.weight"] = sd["conv5.0.weight"][:, cols]
+        other.load_state_dict(moved)
+        assert (other(x) - model(x)).abs().max() > 1e-3 * model(x).abs().max()

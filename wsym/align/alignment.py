@@ -37,6 +37,7 @@ from wsym.align.matching import procrustes, weight_matching
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
+from wsym.group.kinds.modules import refuse_modules
 from wsym.group.spec import SymmetrySpec
 
 # Canonicalized before matching: every kind but the permutations. Sign conventions read off
@@ -114,6 +115,7 @@ def align(
         True
     """
     check_same_architecture(spec, sd_ref, sd_other)
+    refuse_modules(spec, "alignment")
     if method not in METHODS:
         raise WsymInputError(
             f"unknown alignment method {method!r}; use one of {', '.join(METHODS)}"

@@ -27,6 +27,7 @@ import torch
 from wsym.errors import SymmetryWarning, check_finite
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
+from wsym.group.kinds.modules import refuse_modules
 from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
 from wsym.group.units import (
@@ -76,6 +77,7 @@ def canonical_element(
     state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float = 1e-12, max_sweeps: int = 1000
 ) -> tuple[dict, GroupElement]:
     """``(canonical float64 state dict, g)`` with ``act(g, state_dict) == canonical``."""
+    refuse_modules(spec, "canonicalize", kinds)
     work = {k: v.detach().double() if v.is_floating_point() else v for k, v in state_dict.items()}
     kinds = set(kinds) if kinds is not None else {g.kind for g in spec.groups}
     comps: list = []

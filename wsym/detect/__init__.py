@@ -9,6 +9,7 @@ import warnings
 
 import torch
 
+from wsym.detect import expert_modules
 from wsym.detect.analyze import analyze, live_nodes, unknown_ops
 from wsym.detect.experts import router_weights, verified_split
 from wsym.detect.solve import solve
@@ -128,6 +129,7 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
     live = live_nodes(traced.graph)  # unused parameters (dead branches) carry no group
     live |= {x for pair in ties if set(pair) & live for x in pair}  # tied weights move together
     spec = solve(ctx, traced, {ph: k for ph, k in state_keys.items() if k in saved and ph in live})
+    spec = expert_modules.propose(spec, traced)
     keys = set(state_keys.values())
     aliases = tuple((a, k) for a, k in tied.items() if k in keys and a not in keys)
     for message in ctx.warnings:

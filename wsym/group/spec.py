@@ -17,6 +17,9 @@ kind                  action on every leaf of its class (parity p)
 ``translation``       add a constant to a block of one parameter
 ====================  =========================================================
 
+A ``module_permutation`` exchanges whole sibling modules (the experts of an
+``nn.ModuleList``, named in ``target``) and reorders the router rows of ``cls``.
+
 A group with ``index`` classes has one copy per index value (``count`` copies):
 one GL(h) per attention head, or one S_n / (R+)^n / Z2^n per expert of a mixture
 of experts whose experts are stacked in one tensor (:mod:`wsym.detect.experts`).
@@ -37,7 +40,16 @@ from dataclasses import asdict, dataclass
 from wsym.errors import WsymInputError
 from wsym.group.memo import attach_graph, derived, graph_of
 
-KINDS = ("permutation", "scaling", "sign", "gl", "orthogonal", "translation", "norm_scaling")
+KINDS = (
+    "permutation",
+    "scaling",
+    "sign",
+    "gl",
+    "orthogonal",
+    "translation",
+    "norm_scaling",
+    "module_permutation",
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +112,8 @@ class Group:
             value ``(*index, size)``; every block of ``cls`` holds each index class once).
         exponents: ``(occurrence, exponent)`` pairs (scaling, sign, norm_scaling).
         corrections: BatchNorm ``(weight, running_var, eps, u)`` (norm_scaling).
-        target: translation ``(param, classes, mode)``; mode "full" or "uniform".
+        target: translation ``(param, classes, mode)``; mode "full" or "uniform";
+            module_permutation: per module, its state-dict keys (in one shared order).
         special: orthogonal only: determinant +1 (rotations, as for rotary pairs).
     """
 
@@ -327,7 +340,7 @@ class SymmetrySpec:
                 index=tuple(g["index"]),
                 exponents=tuple(tuple(e) for e in g["exponents"]),
                 corrections=tuple(tuple(c) for c in g["corrections"]),
-                target=_target_from_json(g["target"]),
+                target=_target_from_json(g["kind"], g["target"]),
                 special=g.get("special", False),
             )
             for g in d["groups"]
@@ -352,7 +365,9 @@ def kind_of(group: Group):
     return _kind_of(group)
 
 
-def _target_from_json(t):
+def _target_from_json(kind: str, t):
     if not t:
         return ()
+    if kind == "module_permutation":
+        return tuple(tuple(keys) for keys in t)
     return (t[0], tuple(tuple(x) for x in t[1]), t[2])

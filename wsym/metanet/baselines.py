@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
+from wsym.group.kinds.modules import refuse_modules
 from wsym.group.layout import refuse_relabeled
 from wsym.group.spec import SymmetrySpec
 from wsym.metanet.fit import fit
@@ -183,6 +184,7 @@ def nfn_layers(spec: SymmetrySpec) -> list[tuple[str, str]] | None:
     ``(out,)``, each weight's input axis is the previous weight's output class.
     """
     refuse_relabeled(spec, "the NFN baseline")
+    refuse_modules(spec, "the NFN baseline")
     layout = spec.layout
     params = [p for p, _ in spec.layouts if p not in spec.buffers]
     weights = [p for p in params if len(layout[p]) >= 2]

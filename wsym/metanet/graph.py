@@ -52,6 +52,7 @@ from torch_geometric.data import Batch, Data
 
 from wsym.errors import WsymInputError
 from wsym.group.kinds import kind_of
+from wsym.group.kinds.modules import refuse_modules
 from wsym.group.layout import refuse_relabeled
 from wsym.group.spec import Leaf, SymmetrySpec, leaves
 from wsym.metanet.statistics import statistic_width, tensor_features
@@ -96,6 +97,7 @@ class GraphSchema:
 
     def __init__(self, spec: SymmetrySpec):
         refuse_relabeled(spec, "the meta-network's weight graph")
+        refuse_modules(spec, "the meta-network's weight graph")
         permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
         aliases = {a for a, _ in spec.aliases}
         self.spec = spec

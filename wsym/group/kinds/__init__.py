@@ -12,6 +12,8 @@ kind              class                  continuous  diagonal  matrix
 ``translation``   :class:`Translation`   yes         no        no
 ================  =====================  ==========  ========  ======
 
+(``module_permutation``: whole sibling modules exchanged, :mod:`wsym.group.kinds.modules`.)
+
 Example:
     >>> from wsym.group.spec import Group
     >>> k = kind_of(Group("gl", 4, 2, ("w",), cls=0, index=(1,)))
@@ -25,11 +27,21 @@ from wsym.group.kinds.base import Kind
 from wsym.group.kinds.diagonal import NormScaling, Scaling, Sign
 from wsym.group.kinds.finite import Permutation
 from wsym.group.kinds.matrix import GL, Orthogonal
+from wsym.group.kinds.modules import ModulePermutation
 from wsym.group.kinds.translation import Translation
 
 KIND_CLASSES: dict[str, Kind] = {
     k.name: k
-    for k in (Permutation(), Sign(), Scaling(), NormScaling(), GL(), Orthogonal(), Translation())
+    for k in (
+        Permutation(),
+        Sign(),
+        Scaling(),
+        NormScaling(),
+        GL(),
+        Orthogonal(),
+        Translation(),
+        ModulePermutation(),
+    )
 }
 
 
@@ -55,6 +67,7 @@ __all__ = [
     "GL",
     "KIND_CLASSES",
     "Kind",
+    "ModulePermutation",
     "NormScaling",
     "Orthogonal",
     "Permutation",
