@@ -508,3 +508,47 @@ def stock_case(name):
 
         _BUILT[name] = (model, [(x, target)], loss, spec)
     return _BUILT[name]
+
+
+def moe_gates(x: torch.Tensor, router: torch.Tensor, k: int) -> torch.Tensor:
+    """``(S, E)``: softmax over each token's top-k router logits, zero elsewhere."""
+    logits = nn.functional.linear(x, router)
+    top, idx = logits.topk(k, dim=-1)
+    return torch.zeros_like(logits).scatter(-1, idx, top.softmax(-1))
+
+
+class ListMoE(nn.Module):
+    """A top-k mixture of ``e`` ReLU MLP experts kept in an ``nn.ModuleList``, stacked.
+
+    ``fixed``: each expert's output also weighed by a constant of its own (not
+    state): renumbering the experts then changes the function.
+    """
+
+    def __init__(self, e=3, f=5, d=4, k=2, fixed=False):
+        super().__init__()
+        self.router = nn.Linear(d, e, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, f, bias=False), nn.ReLU(), nn.Linear(f, d, bias=False))
+            for _ in range(e)
+        )
+        self.head = nn.Linear(d, 2)
+        self.k, self.fixed = k, fixed
+
+    def forward(self, x):
+        gates = moe_gates(x, self.router.weight, self.k)
+        if self.fixed:
+            gates = gates * torch.arange(1.0, gates.shape[-1] + 1, dtype=gates.dtype)
+        y = torch.stack([expert(x) for expert in self.experts], dim=1)
+        return self.head(torch.einsum("se,sed->sd", gates, y))
+
+
+def assert_group_laws(spec, sd: dict) -> None:
+    """``g^-1 g = 1`` and ``act(g h) = act(h) after act(g)`` on ``sd`` (float64, to 1e-13)."""
+    from wsym.group.elements import GroupElement
+
+    g, h = spec.sample(0, scale=(0.1, 10)), spec.sample(1, scale=(0.1, 10))
+    back = spec.act(g.inverse(), spec.act(g, sd))
+    assert all(torch.allclose(back[k], sd[k], rtol=1e-13, atol=0) for k in sd)
+    both = spec.act(GroupElement(g.components + h.components), sd)
+    twice = spec.act(h, spec.act(g, sd))
+    assert all(torch.allclose(both[k], twice[k], rtol=1e-13, atol=0) for k in sd)

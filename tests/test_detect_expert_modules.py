@@ -8,8 +8,7 @@ import warnings
 
 import pytest
 import torch
-from cases import independent_deviation
-from torch import nn
+from cases import ListMoE, assert_group_laws, independent_deviation
 
 import wsym
 from wsym.detect import detection_trace, find_candidates, verify_candidates
@@ -20,36 +19,9 @@ from wsym.group.spec import SymmetrySpec
 E, F, D, K = 3, 5, 4, 2
 
 
-class ListMoE(nn.Module):
-    """Router (top-2 of 3), three ReLU MLP experts in a ModuleList, stacked, a linear head.
-
-    ``fixed``: each expert's output also weighed by a constant of its own (not
-    state): renumbering the experts then changes the function.
-    """
-
-    def __init__(self, fixed=False):
-        super().__init__()
-        self.router = nn.Linear(D, E, bias=False)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(D, F, bias=False), nn.ReLU(), nn.Linear(F, D, bias=False))
-            for _ in range(E)
-        )
-        self.head = nn.Linear(D, 2)
-        self.fixed = fixed
-
-    def forward(self, x):
-        logits = self.router(x)
-        top, idx = logits.topk(K, dim=-1)
-        gates = torch.zeros_like(logits).scatter(-1, idx, top.softmax(-1))
-        if self.fixed:
-            gates = gates * torch.arange(1.0, E + 1, dtype=gates.dtype)
-        y = torch.stack([expert(x) for expert in self.experts], dim=1)
-        return self.head(torch.einsum("se,sed->sd", gates, y))
-
-
 def _case(fixed=False):
     torch.manual_seed(0)
-    model = ListMoE(fixed).double().eval()
+    model = ListMoE(E, F, D, K, fixed=fixed).double().eval()
     x = torch.randn(16, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     return model, x
 
@@ -113,13 +85,7 @@ def test_act_moves_whole_experts_with_the_router_rows(listed):
 
 def test_group_laws_and_serialization(listed):
     model, _, spec = listed
-    sd = model.state_dict()
-    g, h = spec.sample(0, scale=(0.1, 10)), spec.sample(1, scale=(0.1, 10))
-    back = spec.act(g.inverse(), spec.act(g, sd))
-    assert all(torch.allclose(back[k], sd[k], rtol=1e-13, atol=0) for k in sd)
-    both = spec.act(GroupElement(g.components + h.components), sd)
-    twice = spec.act(h, spec.act(g, sd))
-    assert all(torch.allclose(both[k], twice[k], rtol=1e-13, atol=0) for k in sd)
+    assert_group_laws(spec, model.state_dict())
     assert SymmetrySpec.from_json(spec.to_json()) == spec
 
 

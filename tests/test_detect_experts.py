@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from cases import independent_deviation, mixtral_config
+from cases import ListMoE, independent_deviation, mixtral_config, moe_gates
 from torch import nn
 
 import wsym
@@ -22,10 +22,7 @@ E, F, D, K = 3, 5, 4, 2
 
 
 def _gates(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
-    """``(S, E)``: softmax over each token's top-k router logits, zero elsewhere."""
-    logits = nn.functional.linear(x, router)
-    top, idx = logits.topk(K, dim=-1)
-    return torch.zeros_like(logits).scatter(-1, idx, top.softmax(-1))
+    return moe_gates(x, router, K)
 
 
 class StackedMoE(nn.Module):
@@ -48,23 +45,6 @@ class StackedMoE(nn.Module):
         h = torch.relu(torch.einsum("sd,efd->sef", x, self.w1))
         w2 = self.w2 if self.pairing is None else torch.stack([self.w2[e] for e in self.pairing])
         y = torch.einsum("sef,edf->sed", h, w2)
-        return self.head(torch.einsum("se,sed->sd", _gates(x, self.router.weight), y))
-
-
-class ListMoE(nn.Module):
-    """The same layer with its experts in an ``nn.ModuleList`` (one MLP each)."""
-
-    def __init__(self):
-        super().__init__()
-        self.router = nn.Linear(D, E, bias=False)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(D, F, bias=False), nn.ReLU(), nn.Linear(F, D, bias=False))
-            for _ in range(E)
-        )
-        self.head = nn.Linear(D, 2)
-
-    def forward(self, x):
-        y = torch.stack([expert(x) for expert in self.experts], dim=1)
         return self.head(torch.einsum("se,sed->sd", _gates(x, self.router.weight), y))
 
 
