@@ -243,3 +243,20 @@ def test_shufflenet_branch_units_permute_through_its_last_shuffle():
         moved["conv5.0.weight"] = sd["conv5.0.weight"][:, cols]
         other.load_state_dict(moved)
         assert (other(x) - model(x)).abs().max() > 1e-3 * model(x).abs().max()
+
+
+def test_gather_reads_the_shuffled_axis_in_class_order():
+    """GL(12)'s blocks: the next conv's columns come back unshuffled; scatter is the adjoint."""
+    from wsym.group.layout import gather, scatter
+
+    model, x = _model(act=False), _x()
+    spec, sd = _detect(model, x), model.state_dict()
+    parts = gather(spec, spec.groups[0], sd)
+    w = sd["b.weight"].reshape(2, C)
+    assert torch.equal(parts[1][-2:], w[:, torch.argsort(torch.tensor(SIGMA))])
+    p = {k: torch.randn(v.shape, dtype=torch.float64) for k, v in parts.items()}
+    back = scatter(spec, spec.groups[0], p, sd)
+    lhs = sum((parts[k] * p[k]).sum() for k in parts)
+    rhs = sum((sd[k] * back[k]).sum() for k in back)
+    assert torch.allclose(lhs, rhs, rtol=1e-13)
+    assert torch.equal(scatter(spec, spec.groups[0], parts, sd)["b.weight"], sd["b.weight"])

@@ -96,6 +96,8 @@ def _chain(first) -> tuple | None:
         return None
     if split[d + 2 :] != before[d + 1 :] or split[d] * split[d + 1] != before[d]:
         return None
+    if 1 in split[d : d + 2]:  # one factor of 1: the transpose moves nothing
+        return None
     node = _only_user(first)
     if node is None or _name(node) != "aten::transpose":
         return None
