@@ -119,6 +119,7 @@ def test_kind_table():
         "gl",
         "orthogonal",
         "translation",
+        "module_permutation",
     }
     assert set(kinds_where(continuous=True)) == {
         "scaling",
