@@ -130,3 +130,26 @@ def test_consumers_that_read_classes_refuse_in_one_line(listed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GL(4) on the outputs: not unique, left as it is
         assert wsym.canonicalize(sd, spec, kinds=kept).keys() == sd.keys()
+
+
+def test_sharpness_is_unchanged_by_renumbered_experts(listed):
+    """Renumbering experts is an isometry of the weights: Euclidean sharpness is unchanged.
+
+    (The continuous groups move it: the negative control.)
+    """
+    from wsym.sharpness import sharpness
+
+    model, x, spec = listed
+    target = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def value(element):
+        other = copy.deepcopy(model)
+        other.load_state_dict(spec.act(element, model.state_dict()))
+        loss = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+        return sharpness(other, [(x, target)], loss, spec=spec, measure="euclidean", steps=3)
+
+    g = spec.sample(5, scale=(1e-2, 1e2))
+    i = _module_group(spec)
+    before = value(GroupElement(()))
+    assert value(GroupElement(tuple(c for c in g.components if c[0] == i))) == before
+    assert abs(value(GroupElement(tuple(c for c in g.components if c[0] != i))) - before) > 0.1 * before
