@@ -136,38 +136,45 @@ def test_relabeling_survives_json_and_bad_ones_are_refused():
         Leaf(0, 3, 0, 0, relabel=(0, 0, 1))
 
 
-@pytest.mark.parametrize("form", ["cat", "residual"])
-def test_where_the_merge_does_not_hold_nothing_is_claimed(form):
-    """A shuffle of two concatenated classes, or one added to its own input: not merged.
+def test_where_the_merge_does_not_hold_nothing_is_claimed():
+    """Shuffled channels added to the unshuffled ones: the merge would relabel a class into itself.
 
-    Its (3, 4) factors then meet the (6, 6) halves (or the unshuffled axis), which
-    blocks the channels: no group acts on them (conservative, see the next test).
+    Read as its (3, 4) factors, the shuffle then meets the unshuffled axis, which
+    blocks the channels: no group acts on them (conservative).
     """
-    model, x = _model(form), _x()
+    model, x = _model("residual"), _x()
     spec = _detect(model, x)
     assert not any(leaf.relabel for _, d in spec.layouts for t in d for leaf in _leaves(t))
     assert not spec.groups, spec.table()
     assert "incompatible reshapes" in spec.explain("b.weight")
 
 
-def test_after_a_concatenation_a_larger_group_holds_but_is_not_claimed():
-    """S_6 x S_6 (each half of the concatenation) holds through the shuffle: a leaf cannot say so.
+def test_a_shuffle_of_concatenated_classes_permutes_each():
+    """``shuffle(cat(a(x), c(x)))``: S_6 x S_6, each half's units interleaved by the shuffle.
 
-    Its units sit interleaved after the shuffle; a relabeled leaf holds one class.
+    The next conv's input axis is the concatenation of both classes, relabeled;
+    ``act`` is checked entry for entry against the conjugated permutation.
     """
     model, x = _model("cat"), _x()
+    spec = _detect(model, x)
+    a, c = ("a.weight", "a.bias", "b.weight"), ("b.weight", "c.weight", "c.bias")
+    assert _table(spec) == sorted(
+        [("permutation", "S_6", a), ("scaling", "(R+)^6", a)]
+        + [("permutation", "S_6", c), ("scaling", "(R+)^6", c)]
+    )
+    (inner,) = spec.layout["b.weight"][1].children
+    assert inner.mode == "cat" and inner.relabel == SIGMA
+    assert independent_deviation(model, x, spec, seeds=(0, 1, 2)) < 1e-12
     gen = torch.Generator().manual_seed(6)
     sd, sigma = model.state_dict(), torch.tensor(SIGMA)
     perm = torch.cat([torch.randperm(6, generator=gen), 6 + torch.randperm(6, generator=gen)])
-    moved = dict(sd)
+    first, second = (k for k, g in enumerate(spec.groups) if g.kind == "permutation")
+    assert "a.weight" in spec.groups[first].params
+    moved = spec.act(GroupElement(((first, perm[:6]), (second, perm[6:] - 6))), sd)
     for name, rows in (("a", perm[:6]), ("c", perm[6:] - 6)):
         for key in (f"{name}.weight", f"{name}.bias"):
-            moved[key] = sd[key][rows]
-    moved["b.weight"] = sd["b.weight"][:, torch.argsort(sigma)[perm[sigma]]]
-    other = _model("cat")
-    other.load_state_dict(moved)
-    for xx in (x, 20 * torch.randn_like(x)):
-        assert torch.allclose(other(xx), model(xx), rtol=1e-12, atol=1e-12)
+            assert torch.equal(moved[key], sd[key][rows])
+    assert torch.equal(moved["b.weight"], sd["b.weight"][:, torch.argsort(sigma)[perm[sigma]]])
 
 
 def _leaves(t):

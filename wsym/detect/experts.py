@@ -26,7 +26,7 @@ import torch
 
 from wsym.group.kinds import kind_of
 from wsym.group.layout import block_plan, class_params, plan_leaves
-from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
+from wsym.group.spec import Group, Leaf, SymmetrySpec, leaves
 
 SPLITTABLE = ("permutation", "scaling", "sign")
 
@@ -246,7 +246,7 @@ def _single(tree) -> Leaf | None:
 def _relabel(tree, merge: dict[int, int]):
     if isinstance(tree, Leaf):
         return dataclasses.replace(tree, cls=merge.get(tree.cls, tree.cls))
-    return Split(tree.mode, tuple(_relabel(c, merge) for c in tree.children))
+    return dataclasses.replace(tree, children=tuple(_relabel(c, merge) for c in tree.children))
 
 
 def verified_split(spec: SymmetrySpec, verify, routers=None) -> SymmetrySpec:

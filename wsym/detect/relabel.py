@@ -10,8 +10,11 @@ permutation ``pi`` of the input channels is ``sigma^-1 pi sigma`` on the
 output's positions, so the whole ``S_C`` acts, not only the ``S_g x S_{C/g}``
 that coupling the shuffle's ``(g, C/g)`` factors expresses.
 
-The merge holds only between two unsplit classes that are not already one
-class, and a class is relabeled into at most one other, without cycles. A
+The input class may be split (a shuffle of ``cat(x1, branch(x2))``): the output
+then holds the input's classes, concatenated and relabeled. The merge holds only
+where the output class is unsplit (nothing slices the shuffled channels) and not
+already the input's, and a class is relabeled into at most one other, without
+cycles. A
 record that breaks these is *unsound*: :func:`~wsym.detect.analyze.analyze`
 reads the graph again with that shuffle factored (``S_g x S_{C/g}``), and a
 record still unsound after the last pass blocks both classes.
@@ -38,8 +41,7 @@ def resolve(ctx) -> tuple[dict[int, Relabel], set[str]]:
     unsound: set[str] = set()
     for out, inp, units, node in ctx.relabels:
         (rb, pb), (ra, pa) = atoms.find(out), atoms.find(inp)
-        split = rb in atoms.split or ra in atoms.split
-        if split or rb == ra or rb in edges or atoms.size[rb] != len(units):
+        if rb in atoms.split or rb == ra or rb in edges or atoms.size[rb] != len(units):
             unsound.add(node)
             continue
         edges[rb] = (ra, units, pb ^ pa, node)

@@ -78,8 +78,13 @@ class Structure:
         breaks = breaks | self.atoms.breaks.get(r, set())
         conflict = conflict or r in self.atoms.conflict
         split = self.atoms.split.get(r)
-        if split is None:
+        if split is None and r in self.merged:  # a shuffle's output: its input's classes
             r, parity = self.target(r, parity)
+            blocked = blocked or self.atoms.blocked.get(r)
+            breaks = breaks | self.atoms.breaks.get(r, set())
+            conflict = conflict or r in self.atoms.conflict
+            split = self.atoms.split.get(r)
+        if split is None:
             info = self.info.setdefault(r, ClassInfo(size=self.atoms.size[r]))
             info.blocked = info.blocked or blocked
             info.breaks |= breaks
@@ -90,7 +95,7 @@ class Structure:
             self._walk(c, (key[0], (*key[1], i)), parity, blocked, breaks, conflict, out)
 
     def target(self, r: int, parity: int = 0) -> tuple[int, int]:
-        """The class an unsplit class root ``r`` is merged into, and the parity there."""
+        """The class root an unsplit class root ``r`` is merged into, and the parity there."""
         m = self.merged.get(r)
         return (r, parity) if m is None else (m.target, parity ^ m.parity)
 
@@ -106,10 +111,12 @@ class Structure:
         r, p = self.atoms.find(a)
         parity ^= p
         split = self.atoms.split.get(r)
+        units = self.merged[r].units if split is None and r in self.merged else ()
+        if units:  # a shuffle's output: its input's classes, relabeled
+            r, parity = self.target(r, parity)
+            split = self.atoms.split.get(r)
         if split is None:
             var = var_ids.setdefault(key, len(var_ids))
-            units = self.merged[r].units if r in self.merged else ()
-            r, parity = self.target(r, parity)
             return Leaf(cls=r, size=self.atoms.size[r], parity=parity, var=var, relabel=units)
         return Split(
             split[0],
@@ -117,6 +124,7 @@ class Structure:
                 self._tree(c, (key[0], (*key[1], i)), parity, var_ids)
                 for i, c in enumerate(split[1])
             ),
+            relabel=units,
         )
 
 
@@ -134,9 +142,11 @@ MAX_BLOCKS = 512
 def _alternatives(st: Structure, a: int) -> list[list[int]]:
     """Leaf classes along each branch of the cat splits under atom ``a``."""
     r = st.atoms.root(a)
+    if r in st.merged:  # a shuffle's output: its input's classes
+        r = st.merged[r].target
     split = st.atoms.split.get(r)
     if split is None:
-        return [[st.target(r)[0]]]
+        return [[r]]
     subs = [_alternatives(st, c) for c in split[1]]
     if split[0] == "cat":
         return [alt for sub in subs for alt in sub]
@@ -276,7 +286,7 @@ def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list, di
     def tree(t):
         if isinstance(t, Leaf):
             return replace(t, cls=ids[t.cls])
-        return Split(t.mode, tuple(tree(c) for c in t.children))
+        return replace(t, children=tuple(tree(c) for c in t.children))
 
     new_layouts = [(p, tuple(tree(t) for t in dims)) for p, dims in layouts]
     order = {p: i for i, (p, _) in enumerate(layouts)}

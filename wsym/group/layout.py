@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -53,10 +54,15 @@ from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 def transform(t: Tensor, trees: list, fn) -> Tensor:
     """Apply ``fn(block, leaves)`` to every leaf-level block of ``t`` (one tree per axis).
 
-    A relabeled leaf's axis (:class:`~wsym.group.spec.Leaf`) reaches ``fn`` in its
-    class's order and goes back in the tensor's.
+    A relabeled axis (:class:`~wsym.group.spec.Leaf`, :class:`~wsym.group.spec.Split`)
+    reaches ``fn`` in its classes' order and goes back in the tensor's.
     """
     for i, tree in enumerate(trees):
+        if _relabel(tree):  # position k holds unit r[k]: unit u sits at argsort(r)[u]
+            inner = dataclasses.replace(tree, relabel=())
+            t = t.index_select(i, _positions(tree.relabel))
+            out = transform(t, trees[:i] + [inner] + trees[i + 1 :], fn)
+            return out.index_select(i, _units(tree.relabel))
         if isinstance(tree, Split) and tree.mode == "prod":
             sizes = tuple(c.size for c in tree.children)
             new = t.reshape(t.shape[:i] + sizes + t.shape[i + 1 :])
@@ -71,17 +77,11 @@ def transform(t: Tensor, trees: list, fn) -> Tensor:
                 ],
                 dim=i,
             )
-    moved = [(ax, leaf.relabel) for ax, leaf in enumerate(trees) if _relabel(leaf)]
-    for ax, r in moved:  # position k holds unit r[k]: unit u sits at argsort(r)[u]
-        t = t.index_select(ax, _positions(r))
-    out = fn(t, trees)
-    for ax, r in moved:
-        out = out.index_select(ax, _units(r))
-    return out
+    return fn(t, trees)
 
 
 def _relabel(tree) -> tuple:
-    return tree.relabel if isinstance(tree, Leaf) else ()
+    return getattr(tree, "relabel", ())
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,7 +100,7 @@ def relabeled(spec: SymmetrySpec, key: str | None = None) -> bool:
     """Whether a leaf of ``key``'s layout (of any, without ``key``) is relabeled."""
 
     def compute(dims):
-        return any(leaf.relabel for t in dims for leaf in leaves(t))
+        return any(_relabel(n) for t in dims for n in _nodes(t))
 
     if key is None:
         return derived(spec, "relabeled", lambda: any(compute(d) for _, d in spec.layouts))

@@ -71,19 +71,32 @@ class Leaf:
     relabel: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.relabel and sorted(self.relabel) != list(range(self.size)):
-            raise WsymInputError(
-                f"a leaf's relabel must be a permutation of range({self.size}), "
-                f"not {self.relabel[:8]}...; pass a spec written by wsym"
-            )
+        if self.relabel:
+            _check_relabel(self.relabel, self.size)
+
+
+def _check_relabel(relabel: tuple, size: int) -> None:
+    if relabel and sorted(relabel) != list(range(size)):
+        raise WsymInputError(
+            f"an axis's relabel must be a permutation of range({size}), "
+            f"not {relabel[:8]}...; pass a spec written by wsym"
+        )
 
 
 @dataclass(frozen=True)
 class Split:
-    """A product (``"prod"``) or concatenation (``"cat"``) of sub-axes."""
+    """A product (``"prod"``) or concatenation (``"cat"``) of sub-axes.
+
+    ``relabel`` as for :class:`Leaf`: position ``k`` of the axis holds position
+    ``relabel[k]`` of the product or concatenation (a shuffle of concatenated classes).
+    """
 
     mode: str
     children: tuple
+    relabel: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        _check_relabel(self.relabel, self.size)
 
     @functools.cached_property  # a frozen value: computed once (not a field)
     def size(self) -> int:
@@ -147,13 +160,16 @@ class Group:
 def _tree_to_json(t):
     if isinstance(t, Leaf):
         return ["leaf", t.cls, t.size, t.parity, t.var] + ([list(t.relabel)] if t.relabel else [])
-    return [t.mode, [_tree_to_json(c) for c in t.children]]
+    return [t.mode, [_tree_to_json(c) for c in t.children]] + (
+        [list(t.relabel)] if t.relabel else []
+    )
 
 
 def _tree_from_json(x):
     if x[0] == "leaf":
         return Leaf(*x[1:5], relabel=tuple(x[5]) if len(x) > 5 else ())
-    return Split(x[0], tuple(_tree_from_json(c) for c in x[1]))
+    relabel = tuple(x[2]) if len(x) > 2 else ()
+    return Split(x[0], tuple(_tree_from_json(c) for c in x[1]), relabel=relabel)
 
 
 def leaves(tree) -> list[Leaf]:

@@ -5,8 +5,9 @@ A shuffle of an axis of ``C = g k`` entries viewed as ``(g, k)`` moves entry
 output axis is its input's class seen through that relabeling
 (:mod:`wsym.detect.relabel`), so that a permutation of the ``C`` channels before
 the shuffle is matched by the conjugate one after it (``S_C``, and ``GL(C)``
-where nothing else is in the way). Where the input axis is not one unsplit
-class, or the merge does not hold (the shuffle is then in ``ctx.factored``), the
+where nothing else is in the way); a split input (concatenated classes) is seen
+through the relabeling as a whole. Where the input axis is not one atom, or the
+merge does not hold (the shuffle is then in ``ctx.factored``), the
 ``(g, k)`` factors are coupled and permute separately (``S_g x S_k``).
 
 torchvision's ShuffleNet spells the shuffle as ``view(B, g, k, H, W)``,
@@ -50,9 +51,9 @@ def shuffled(ctx: Context, name: str, lx, d: int, g: int, c: int) -> list:
 
 
 def _plain(ctx: Context, dim) -> int | None:
-    """The one atom of ``dim`` (an unsplit class of more than one unit), or None."""
+    """The one atom of ``dim`` (more than one unit), or None."""
     atoms = [a for a in dim if isinstance(a, Dep) or ctx.atoms.size[a] > 1]
-    if len(atoms) != 1 or isinstance(atoms[0], Dep) or ctx.atoms.split_of(atoms[0]):
+    if len(atoms) != 1 or isinstance(atoms[0], Dep):
         return None
     return atoms[0]
 
