@@ -217,11 +217,11 @@ def test_quotient_sharpness_is_invariant_on_a_shuffled_class():
 
 
 def test_shufflenet_branch_units_permute_through_its_last_shuffle():
-    """torchvision ShuffleNetV2: what holds at a shuffle is finer than S_C, and is not claimed.
+    """torchvision ShuffleNetV2: the last shuffle reads ``cat(x1, branch2(x2))``.
 
-    The shuffle reads ``cat(x1, branch2(x2))``: permuting the branch's 96 output
-    units (its last conv's rows and BatchNorm) and conv5's odd input columns holds;
-    the sweep's spec leaves those channels blocked (a relabeled leaf holds one class).
+    Permuting the branch's 96 output units (its last conv's rows and BatchNorm) and
+    conv5's odd input columns holds (checked by hand here), and detection claims it:
+    S_96 and its scalings on conv5's input axis, which is the concatenation relabeled.
     """
     from torchvision.models import shufflenet_v2_x0_5
 
@@ -250,6 +250,17 @@ def test_shufflenet_branch_units_permute_through_its_last_shuffle():
         moved["conv5.0.weight"] = sd["conv5.0.weight"][:, cols]
         other.load_state_dict(moved)
         assert (other(x) - model(x)).abs().max() > 1e-3 * model(x).abs().max()
+    spec = _detect(model, x)
+    assert spec.kinds() == {"permutation": 21, "norm_scaling": 65, "sign": 79, "scaling": 30}
+    acting = [spec.groups[i] for i in spec.groups_of("conv5.0.weight")[1]]
+    assert sorted((g.kind, g.notation) for g in acting) == [
+        ("norm_scaling", "(R+)^96"),
+        ("permutation", "S_96"),
+        ("scaling", "(R+)^96"),
+        ("sign", "Z2^96"),
+    ]
+    (inner,) = spec.layout["conv5.0.weight"][1].children
+    assert inner.mode == "cat" and inner.relabel[:4] == (0, 96, 1, 97)
 
 
 def test_gather_reads_the_shuffled_axis_in_class_order():
