@@ -278,3 +278,23 @@ def test_gather_reads_the_shuffled_axis_in_class_order():
     rhs = sum((sd[k] * back[k]).sum() for k in back)
     assert torch.allclose(lhs, rhs, rtol=1e-13)
     assert torch.equal(scatter(spec, spec.groups[0], parts, sd)["b.weight"], sd["b.weight"])
+
+
+class Refed(nn.Module):
+    """``h + cat(shuffle(h)[:, :6], c(x))``: the shuffle's output, sliced, added to its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c, self.b = nn.Conv2d(3, C, 1), nn.Conv2d(3, C // 2, 1), nn.Conv2d(C, 2, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        s = nn.functional.channel_shuffle(h, G)
+        return self.b(h + torch.cat([s[:, : C // 2], self.c(x)], 1)).mean((2, 3))
+
+
+def test_a_shuffle_sliced_into_its_own_input_claims_only_what_holds():
+    torch.manual_seed(0)
+    model, x = Refed().double(), _x()
+    spec = _detect(model, x)
+    assert independent_deviation(model, x, spec, seeds=(0, 1)) < 1e-12

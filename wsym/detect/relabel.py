@@ -12,9 +12,9 @@ that coupling the shuffle's ``(g, C/g)`` factors expresses.
 
 The input class may be split (a shuffle of ``cat(x1, branch(x2))``): the output
 then holds the input's classes, concatenated and relabeled. The merge holds only
-where the output class is unsplit (nothing slices the shuffled channels) and not
-already the input's, and a class is relabeled into at most one other, without
-cycles. A
+where the output class is unsplit (nothing slices the shuffled channels), does not
+lie under the input's (through its splits and other merges: it would be relabeled
+into itself), and is relabeled into no other class. A
 record that breaks these is *unsound*: :func:`~wsym.detect.analyze.analyze`
 reads the graph again with that shuffle factored (``S_g x S_{C/g}``), and a
 record still unsound after the last pass blocks both classes.
@@ -45,15 +45,27 @@ def resolve(ctx) -> tuple[dict[int, Relabel], set[str]]:
             unsound.add(node)
             continue
         edges[rb] = (ra, units, pb ^ pa, node)
-    for rb in edges:  # a cycle would relabel some class into itself
-        path, r = [], rb
-        while r in edges and r not in path:
-            path.append(r)
-            r = edges[r][0]
-        if r in path:
-            unsound.update(edges[c][3] for c in path[path.index(r) :])
+    for rb, (ra, _, _, node) in edges.items():  # a class relabeled into (a part of) itself
+        if _reaches(atoms, edges, ra, rb):
+            unsound.add(node)
     edges = {c: e for c, e in edges.items() if e[3] not in unsound}
     return {rb: _follow(edges, rb) for rb in edges}, unsound
+
+
+def _reaches(atoms, edges: dict, start: int, goal: int) -> bool:
+    """Whether class ``goal`` lies under class ``start``, through splits and merges."""
+    seen, stack = set(), [start]
+    while stack:
+        r = atoms.root(stack.pop())
+        if r == goal:
+            return True
+        if r in seen:
+            continue
+        seen.add(r)
+        if r in edges:
+            stack.append(edges[r][0])
+        stack.extend(atoms.split.get(r, (None, []))[1])
+    return False
 
 
 def _follow(edges: dict, r: int) -> Relabel:
