@@ -59,7 +59,7 @@ class Leaf:
     ``relabel`` (empty: none) is a fixed relabeling of the class's units along
     this axis: position ``k`` holds unit ``relabel[k]``. After a channel shuffle
     ``sigma`` the next layer reads the channels of the layer before in shuffled
-    order, so a permutation ``pi`` of them acts there as ``sigma pi sigma^-1``.
+    order, so a permutation ``pi`` of them acts there as ``sigma^-1 pi sigma``.
     The block reader (:mod:`wsym.group.layout`) hands every consumer such a
     block in the class's own order, so no kind needs to know.
     """
