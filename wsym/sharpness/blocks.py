@@ -12,9 +12,12 @@ writes tangents back. See :mod:`wsym.sharpness.quotient` for the rules and
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
+from wsym.errors import SymmetryWarning
 from wsym.group import layout
 from wsym.group.kinds import kind_of
 from wsym.group.layout import class_params, transform
@@ -106,6 +109,9 @@ def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
         parts = gather_group(spec, group, params)
         if not parts or (not kind.self_dual and set(parts) != {0, 1}):
             continue
+        if any(part.shape[-2] < group.size for part in parts.values()):
+            _warn_degenerate(group)
+            continue
         mask = _mask(spec, group, params)
         if any((taken[p] & m).any() for p, m in mask.items() if p in taken):
             continue
@@ -113,6 +119,22 @@ def gl_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> list[int]:
             taken[p] = taken[p] | m if p in taken else m
         chosen.append(i)
     return chosen
+
+
+def _warn_degenerate(group: Group) -> None:
+    """A factor with fewer rows than the block's size has a singular Gram matrix.
+
+    The invariant and mixed metrics weigh each factor by the other's Gram matrix
+    (or its inverse), so they are degenerate on such a block: it is left out of
+    the quotient, and the measure is not invariant under that group.
+    """
+    warnings.warn(
+        f"{group.notation} on {', '.join(group.params[:2])} has a factor with fewer rows "
+        "than its size (a singular Gram matrix): the quotient leaves it out, so the "
+        "geodesic measure is not invariant under it",
+        SymmetryWarning,
+        stacklevel=5,
+    )
 
 
 def _mask(spec: SymmetrySpec, group: Group, params: dict) -> dict[str, Tensor]:
