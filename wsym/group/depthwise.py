@@ -71,13 +71,15 @@ def _depthwise64(x, weight, bias, stride, padding, dilation, transposed, output_
     )
 
 
-def shifted_depthwise(x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+def shifted_depthwise(x, weight, bias, stride, padding, dilation, last=None) -> torch.Tensor:
     """The depthwise convolution of ``x`` with ``weight`` as a sum of shifted products.
 
     Each tap adds into the outputs whose input lies inside the unpadded ``x``
     (padding contributes zeros, so it is never built). Where the channels
-    outnumber the output pixels, the sum runs channels-last (each tap's
-    multiply-add then reads whole rows of channels).
+    outnumber the output pixels (or ``last``), the sum runs channels-last (each
+    tap's multiply-add then reads whole rows of channels). With a stride, ``x`` is
+    first split into its ``s_h s_w`` phases (``x[a::s_h, b::s_w]``), so that every
+    tap reads one contiguous window of one phase.
     """
     n, c, h, w = x.shape
     multiplier = weight.shape[0] // c
@@ -87,21 +89,30 @@ def shifted_depthwise(x, weight, bias, stride, padding, dilation) -> torch.Tenso
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     h_out = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     w_out = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    last = c_out >= h_out * w_out
+    last = c_out >= h_out * w_out if last is None else last
     if last:  # (N, H, W, C), taps (k_h k_w, C)
-        x = x.permute(0, 2, 3, 1).contiguous()
+        x = x.permute(0, 2, 3, 1)
         taps = weight.reshape(c_out, kh * kw).t().contiguous()
         out = x.new_zeros(n, h_out, w_out, c_out)
     else:
         taps = weight.reshape(1, c_out, kh * kw, 1, 1).movedim(2, 0)
         out = x.new_zeros(n, c_out, h_out, w_out)
     at = (lambda t, i, j: t[:, i, j]) if last else (lambda t, i, j: t[:, :, i, j])
+    phases = {
+        (a, b): at(x, slice(a, None, sh), slice(b, None, sw)).contiguous()
+        for a in range(sh)
+        for b in range(sw)
+    }
     for p in range(kh):
-        i0, i1, rows = _inside(dh * p - ph, sh, h, h_out)
+        i0, i1, r = _inside(dh * p - ph, sh, h, h_out)
         for q in range(kw):
-            j0, j1, cols = _inside(dw * q - pw, sw, w, w_out)
+            j0, j1, col = _inside(dw * q - pw, sw, w, w_out)
             if i0 < i1 and j0 < j1:
-                at(out, slice(i0, i1), slice(j0, j1)).addcmul_(at(x, rows, cols), taps[p * kw + q])
+                src = phases[r % sh, col % sw]
+                window = at(
+                    src, slice(r // sh, r // sh + i1 - i0), slice(col // sw, col // sw + j1 - j0)
+                )
+                at(out, slice(i0, i1), slice(j0, j1)).addcmul_(window, taps[p * kw + q])
     if last:
         out = out.permute(0, 3, 1, 2).contiguous()
     if bias is not None:
@@ -109,12 +120,11 @@ def shifted_depthwise(x, weight, bias, stride, padding, dilation) -> torch.Tenso
     return out
 
 
-def _inside(offset: int, stride: int, size: int, n_out: int) -> tuple[int, int, slice]:
-    """Outputs ``[lo, hi)`` reading ``stride * i + offset`` inside ``[0, size)``; those inputs."""
+def _inside(offset: int, stride: int, size: int, n_out: int) -> tuple[int, int, int]:
+    """Outputs ``[lo, hi)`` reading ``stride * i + offset`` in ``[0, size)``; the first input."""
     lo = max(0, -(offset // stride))  # ceil(-offset / stride), for offset < 0
     hi = min(n_out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
-    first = stride * lo + offset
-    return lo, hi, slice(first, first + stride * (hi - lo - 1) + 1, stride)
+    return lo, hi, stride * lo + offset
 
 
 def has_depthwise(model: torch.nn.Module) -> bool:
