@@ -3,7 +3,7 @@ r"""Float64 depthwise convolutions as shifted multiply-adds: the probe's faster 
 PyTorch's CPU kernels have no fast float64 depthwise convolution: a grouped
 convolution runs one small matrix product per channel, so on models built on
 depthwise convolutions (EfficientNet, ConvMixer, MaxViT's MBConv blocks) a float64
-forward pass costs 5-8 float32 ones. Written out, a depthwise convolution is a sum
+forward pass costs 3-8 float32 ones. Written out, a depthwise convolution is a sum
 of :math:`k_h k_w` shifted copies of its input, each scaled per channel:
 
 .. math::
@@ -16,8 +16,9 @@ dilation; with a channel multiplier :math:`m`, output channel :math:`c` reads in
 channel :math:`\lfloor c / m \rfloor`). :class:`ShiftedDepthwise` evaluates
 ``aten.convolution`` that way for float64 2-D depthwise convolutions: one
 ``addcmul_`` per kernel tap, over the outputs that tap reaches inside the input
-(channels-last where the channels outnumber the output pixels). The sum runs in another order
-than the kernel's, so the two agree to float64 round-off
+(channels-last where the channels outnumber the output pixels; a strided one reads
+one phase of the input per tap). The sum runs in another order than the kernel's,
+so the two agree to float64 round-off
 (``tests/test_depthwise.py``); every forward pass of a :class:`~wsym.group.verify.Probe`,
 its numerical floor included, runs through the same path, so the floor still
 measures the round-off of what is compared.
