@@ -6,6 +6,7 @@ Run from the repository root, one family at a time (progress is checkpointed in
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/architectures.py --family torchvision
     .venv/bin/python benchmarks/architectures.py --family timm --only ghostnet_050,cait_xxs24_224
     .venv/bin/python benchmarks/architectures.py --table   # writes architectures_results.md
+    .venv/bin/python benchmarks/architectures.py --only densenet201 --results /tmp/scratch.jsonl
 
 Every model is built from its config with random weights (nothing downloaded).
 Per model it records the status (``ok``: detected and checked, ``FALSE``: a group
@@ -51,7 +52,6 @@ from wsym.group.verify import Probe  # noqa: E402
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "architectures_results.jsonl"
-TABLE = HERE / "architectures_results.md"
 MAX_PARAMS = 40_000_000
 TIMEOUT = 240  # seconds per model
 GOAL_PASSES, GOAL_SECONDS = 20, 3.0
@@ -291,10 +291,10 @@ def _line(err) -> str:
 
 
 # -- table -------------------------------------------------------------------------
-def load() -> dict:
+def load(path: Path = RESULTS) -> dict:
     rows = {}
-    if RESULTS.exists():
-        for line in RESULTS.read_text().splitlines():
+    if path.exists():
+        for line in path.read_text().splitlines():
             r = json.loads(line)
             rows[(r["family"], r["model"])] = r
     return rows
@@ -422,12 +422,16 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument("--fresh", action="store_true", help="redo models already recorded")
     parser.add_argument("--table", action="store_true", help="write the Markdown table and exit")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="the checkpoint (JSON lines; --table: .md)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    rows = load()
-    if args.table:
-        TABLE.write_text(table(rows))
-        print(TABLE.read_text())
+    rows = load(args.results)
+    if args.table:  # next to the results: architectures_results.md by default
+        out = args.results.with_suffix(".md")
+        out.write_text(table(rows))
+        print(out.read_text())
         return 0
     only = set(args.only.split(",")) if args.only else None
     for fam in args.family or list(FAMILIES):
@@ -436,7 +440,7 @@ def main(argv=None) -> int:
                 continue
             row = {"family": fam, **run_one(name, build)}
             rows[(fam, name)] = row
-            with RESULTS.open("w") as f:
+            with args.results.open("w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows.values())
             print(
                 f"{fam:11s} {name:30s} {row['status']:7s} {row.get('detect_s', 0):6.1f}s "

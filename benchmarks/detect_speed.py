@@ -6,6 +6,11 @@ Run from the repository root::
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/detect_speed.py \
         --models densenet201,efficientnet_v2_s,regnet_x_8gf --clock cpu
 
+``densenet169``, ``densenet161``, ``efficientnet_b5``, ``maxvit_t``, ``convmixer_768_32``
+and ``maxvit_nano_rw_256`` are built as the architecture sweep builds them
+(``benchmarks/architectures_models.py``: 2x3x64x64 inputs, 1x3x224x224 for maxvit_t,
+timm's own size for maxvit_nano); densenet201 is built the same way.
+
 For each model (random weights, nothing downloaded) it times one float32 and one
 float64 forward pass (median of 10 after one warm-up), then the phases of
 ``wsym.detect`` (trace: recording one forward pass, or torch.export where that
@@ -24,9 +29,11 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -67,10 +74,26 @@ def _small_torchvision(name):  # the architecture sweep's setting: 2x3x64x64
     return build
 
 
+def _sweep(family: str, name: str):  # built exactly as the architecture sweep builds it
+    def build():
+        sys.path.insert(0, str(Path(__file__).parent))
+        from architectures_models import FAMILIES
+
+        return FAMILIES[family]()[name]()
+
+    return build
+
+
+# the sweep's models over its time budget before issue 16's cost round
+SWEEP_SLOW = {
+    "torchvision": ("densenet169", "densenet161", "efficientnet_b5", "maxvit_t"),
+    "timm": ("convmixer_768_32", "maxvit_nano_rw_256"),
+}
 MODELS = {
     "resnet50": resnet50,
     "bert-base": bert_base,
     **{n: _small_torchvision(n) for n in ("densenet201", "efficientnet_v2_s", "regnet_x_8gf")},
+    **{n: _sweep(f, n) for f, names in SWEEP_SLOW.items() for n in names},
 }
 perf_counter = time.perf_counter  # or time.process_time (--clock cpu)
 

@@ -59,3 +59,20 @@ def test_saturation_break_is_caught_by_the_float32_regime_probe():
     assert not _passes(saturating, fake, [0])
     _, failed = screen(fake, probe)
     assert failed == [0]
+
+
+def test_islands_find_a_float32_island_and_nothing_else():
+    """A down-cast is an island; ops on lists of float64 tensors (``cat``) are not."""
+    from wsym.group.floor import Islands
+
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with Islands() as clean:
+        torch.cat([x, x]).sum()
+    with Islands() as island:
+        torch.cat([x.float(), x.float()]).double().sum()
+    assert clean.eps == torch.finfo(torch.float64).eps
+    assert island.eps == torch.finfo(torch.float32).eps
+    gen = torch.Generator().manual_seed(0)
+    with Islands(perturb=True, gen=gen):  # an island's output moves by about one float32 ulp
+        y = x.float().double()
+    assert 0 < float((y - x.float().double()).abs().max()) < 1e-6

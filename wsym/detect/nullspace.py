@@ -134,8 +134,9 @@ def nullspace(variables, rows, modulus: int | None = None) -> list[dict]:
 def _integral(vec: dict) -> dict:
     if not vec:
         return vec
-    den = lcm(*(Fraction(x).denominator for x in vec.values()))
-    ints = {k: int(Fraction(x) * den) for k, x in vec.items()}
+    # ints and Fractions both carry numerator and denominator: no Fraction is built
+    den = lcm(*(x.denominator for x in vec.values()))
+    ints = {k: x.numerator * (den // x.denominator) for k, x in vec.items()}
     g = 0
     for x in ints.values():
         g = gcd(g, abs(x))

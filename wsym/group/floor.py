@@ -92,11 +92,12 @@ class Islands(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        leaves = tree_flatten((args, kwargs))[0]
-        operands = [t for t in leaves if torch.is_tensor(t) and t.is_floating_point()]
-        if not operands:
+        eps = [torch.finfo(t.dtype).eps for t in _tensors((args, kwargs)) if t.is_floating_point()]
+        if not eps:
             return out
-        finest = min(torch.finfo(t.dtype).eps for t in operands)
+        finest = min(eps)
+        if isinstance(out, torch.Tensor):  # the common case, without pytree's overhead
+            return self._visit(out, finest)
         return tree_map(lambda t: self._visit(t, finest), out)
 
     def _visit(self, t, finest: float):
@@ -110,6 +111,20 @@ class Islands(TorchDispatchMode):
             return t
         r = torch.empty(t.shape, dtype=torch.float64).uniform_(-1, 1, generator=self.gen)
         return (t.to(torch.float64) * (1 + r * eps)).to(t.dtype)
+
+
+def _tensors(x):
+    """The tensors among an ATen call's arguments (plain lists, tuples and dicts walked)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif type(x) in (list, tuple):
+        for y in x:
+            yield from _tensors(y)
+    elif type(x) is dict:
+        for y in x.values():
+            yield from _tensors(y)
+    elif isinstance(x, list | tuple | dict):  # a named tuple or another pytree node
+        yield from (t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
 
 
 def relative(y1: torch.Tensor, y0: torch.Tensor) -> float:

@@ -278,15 +278,16 @@ def blocks_with(spec: SymmetrySpec, key: str, cls: int) -> tuple[int, ...]:
 def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> list[str]:
     """State-dict keys with an axis in class ``cls`` (parameters only by default)."""
 
-    def compute():
+    def compute():  # one pass over the layouts for every class
         skip = set() if with_buffers else set(spec.buffers)
-        return tuple(
-            p
-            for p, dims in spec.layouts
-            if p not in skip and any(leaf.cls == cls for t in dims for leaf in leaves(t))
-        )
+        out: dict[int, list[str]] = {}
+        for p, dims in spec.layouts:
+            if p not in skip:
+                for c in dict.fromkeys(leaf.cls for t in dims for leaf in leaves(t)):
+                    out.setdefault(c, []).append(p)
+        return {c: tuple(ps) for c, ps in out.items()}
 
-    return list(derived(spec, ("class_params", cls, with_buffers), compute))
+    return list(derived(spec, ("class_params", with_buffers), compute).get(cls, ()))
 
 
 def _slots(spec: SymmetrySpec, group: Group) -> tuple:

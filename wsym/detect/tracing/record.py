@@ -55,6 +55,21 @@ def _copy(x):
     return x.clone() if isinstance(x, torch.Tensor) else x
 
 
+def _map(fn, x):
+    """``tree_map(fn, x)`` for an ATen call's arguments and outputs, without pytree's overhead.
+
+    Plain lists, tuples and dicts are walked here; any other container goes to pytree.
+    """
+    kind = type(x)
+    if kind is list or kind is tuple:
+        return kind(_map(fn, y) for y in x)
+    if kind is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    if isinstance(x, list | tuple | dict):  # a named tuple or another pytree node
+        return tree_map(fn, x)
+    return fn(x)
+
+
 def _version(t: torch.Tensor) -> int:
     try:
         return t._version
@@ -104,7 +119,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        arg_nodes = tree_map(self._node, args), tree_map(self._node, kwargs)
+        arg_nodes = _map(self._node, args), _map(self._node, kwargs)
         into = self._written_slice(func, args)
         if func._schema.name in FUSED:
             raise RuntimeError(f"fused inference kernel {func._schema.name}")
@@ -114,7 +129,7 @@ class _Recorder(TorchDispatchMode):
         # named like torch.export's nodes (``relu``, ``relu_1``), not ``relu_default``
         name = func._schema.name.split("::")[-1]
         node = self.graph.create_node("call_function", func, *arg_nodes, name=name)
-        node.meta["val"] = tree_map(_shape_only, out)
+        node.meta["val"] = _map(_shape_only, out)
         if name not in FACTORIES and any(n.name in self.dependent for n in node.all_input_nodes):
             self.dependent.add(node.name)
             if func._schema.is_mutable:  # the written storage now holds such values
@@ -127,7 +142,7 @@ class _Recorder(TorchDispatchMode):
         if into is not None:  # the base's new value: the written slice put back
             self._scatter(node, *into, version=versions[0])
         if node.name in self.keep:  # a copy: a later in-place op (relu_) must not change it
-            self.kept[node.name] = tree_map(_copy, out)
+            self.kept[node.name] = _map(_copy, out)
         if isinstance(out, torch.Tensor):
             self.nodes[out] = (node, versions[0])
         elif isinstance(out, list | tuple):
