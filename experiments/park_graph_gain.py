@@ -148,6 +148,17 @@ def tables(run: dict) -> str:
     for other in ("graph", "graph+stats head", "joint ensemble", "stats-rank"):
         got = [blend(d["stats"], d[other], y) for d in z]
         add(f"stats + {other} (normal-score blend)", [g[1] for g in got], [g[0] for g in got])
+    raw = [
+        {c: {s: torch.tensor(v) for s, v in sd["predictions"][c].items()} for c in comps}
+        for sd in seeds
+    ]
+    got = [blend(d["stats"], d["graph"], y) for d in raw]
+    add("stats + graph (blend in target units)", [g[1] for g in got], [g[0] for g in got])
+    for s in ("test", "test_arch"):  # the headroom: the weight best on the test members
+        rows.setdefault("stats + graph, weight best on the test members (headroom)", {})[s] = [
+            max(kendall_tau(y[s], (1 - w) * d["stats"][s] + w * d["graph"][s]) for w in WEIGHTS)
+            for d in z
+        ]
     got = [blend(blend(d["stats"], d["graph"], y)[1], d["joint ensemble"], y) for d in z]
     add("stats + graph, then + joint ensemble", [g[1] for g in got], [g[0] for g in got])
     if len(z) > 1:  # seeds averaged: a 3-member ensemble of each, scored once
@@ -164,7 +175,23 @@ def tables(run: dict) -> str:
     for label, r in rows.items():
         w = ", ".join(f"{v:g}" for v in r.get("w", [])) or "-"
         lines.append(f"| {label} | {_cell(r['test'])} | {_cell(r['test_arch'])} | {w} |")
-    lines += ["", breakdown(run, z, y, comps)]
+    lines += ["", agreement(raw), "", breakdown(run, z, y, comps)]
+    return "\n".join(lines)
+
+
+def agreement(raw: list) -> str:
+    """Kendall tau between two predictors' rankings (mean over seeds): how alike they rank."""
+    pairs = [("stats", "graph"), ("stats", "graph+stats head"), ("stats", "joint ensemble")]
+    lines = ["| rankings compared | held-out members | held-out archs |", "|---|---|---|"]
+    for a, b in pairs:
+        cells = [_cell([kendall_tau(d[a][s], d[b][s]) for d in raw]) for s in ("test", "test_arch")]
+        lines.append(f"| {a} vs {b} | {cells[0]} | {cells[1]} |")
+    if len(raw) > 1:
+        cells = [
+            _cell([kendall_tau(d["graph"][s], raw[k - 1]["graph"][s]) for k, d in enumerate(raw)])
+            for s in ("test", "test_arch")
+        ]
+        lines.append(f"| graph vs graph of another seed | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
