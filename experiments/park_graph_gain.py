@@ -119,6 +119,7 @@ def blend(a: dict, b: dict, y: dict) -> tuple[float, dict]:
 
 
 def mean_scores(items: list[dict]) -> dict:
+    """``{split: mean of the items' scores}`` (an ensemble over seeds)."""
     return {s: torch.stack([d[s] for d in items]).mean(0) for s in items[0]}
 
 
@@ -201,7 +202,9 @@ def breakdown(run: dict, z: list, y: dict, comps: list) -> str:
     yy = torch.cat([y["test"], y["test_arch"]])
     pred = {c: torch.cat([z[0][c]["test"], z[0][c]["test_arch"]]) for c in comps}
     median = sorted(m["params"] for m in meta)[len(meta) // 2]
-    groups = {f"family {f}": [m["family"] == f for m in meta] for f in ("mlp", "cnn", "transformer")}
+    groups = {
+        f"family {f}": [m["family"] == f for m in meta] for f in ("mlp", "cnn", "transformer")
+    }
     groups |= {f"label noise {n:g}": [m["noise"] == n for m in meta] for n in (0, 0.1, 0.2, 0.3)}
     groups["small (params < median)"] = [m["params"] < median for m in meta]
     groups["large"] = [m["params"] >= median for m in meta]
