@@ -73,7 +73,7 @@ def _predict(p: ParkMetanet, pairs, branches: str | None = None, weight: float |
 
 def fit_components(pairs, y, seed: int, options: dict, cache: dict) -> dict:
     """``{component: {split: predictions}}`` of one seed's three fits (see the module doc)."""
-    out, seconds = {}, {}
+    out, seconds, epochs = {}, {}, {}
     fits = {
         "joint": ParkMetanet("both", cache=cache, combine="joint", stat_readout=True, **options),
         "graph": ParkMetanet("graph", cache=cache, **options),
@@ -85,7 +85,13 @@ def fit_components(pairs, y, seed: int, options: dict, cache: dict) -> dict:
         start = time.perf_counter()
         p.fit(pairs["train"], y["train"], pairs["val"], y["val"], seed)
         seconds[name] = time.perf_counter() - start
-        print(f"  seed {seed}: {name} fitted in {seconds[name]:.0f}s", flush=True)
+        rep = p.predictor.config["report"]
+        epochs[name] = (rep["best_epoch"], rep["epochs_run"])
+        print(
+            f"  seed {seed}: {name} fitted in {seconds[name]:.0f}s, best graph epoch "
+            f"{rep['best_epoch']} of {rep['epochs_run']}",
+            flush=True,
+        )
         if name == "joint":
             out["stats"] = _predict(p, pairs, "stats")
             out["graph+stats head"] = _predict(p, pairs, "graph")
@@ -93,7 +99,7 @@ def fit_components(pairs, y, seed: int, options: dict, cache: dict) -> dict:
             out["joint combination"] = _predict(p, pairs)
         else:
             out[name] = _predict(p, pairs)
-    return {"predictions": out, "seconds": seconds}
+    return {"predictions": out, "seconds": seconds, "epochs": epochs}
 
 
 def normal_scores(train: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
