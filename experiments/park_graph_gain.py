@@ -1,7 +1,7 @@
 """Where the park metanet's graph branch can add to its statistics branch (test accuracy).
 
-    python experiments/park_graph_gain.py --zoo /tmp/park2000 --seeds 3 --epochs 12 \
-        --patience 4 --out /tmp/park19_gain.json
+    python experiments/park_graph_gain.py --zoo /tmp/park2000 --cap-train 1000 --seeds 3 \
+        --epochs 12 --patience 4 --out /tmp/park19_gain.json
 
 For each seed, three fits on the park's train split (``val`` for early stopping
 and for every weight chosen below), with the cross-layer path features
