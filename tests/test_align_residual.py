@@ -69,7 +69,9 @@ def test_rotation_never_raises_the_objective_over_the_permutation_only_start(det
     ref, other = pair(model, name)
     aligned = wsym.align(ref, other, spec, residual="rotation", model=model, batches=batches(name))
     frame, ref_f, other_f, f_ref = folded(spec, model, ref, other)
-    start = act(frame.work, GroupElement(tuple(weight_matching(frame.work, ref_f, other_f))), other_f)
+    start = act(
+        frame.work, GroupElement(tuple(weight_matching(frame.work, ref_f, other_f))), other_f
+    )
     after = mismatch(spec, ref_f, act(spec, f_ref, aligned))
     assert after < 0.99 * mismatch(spec, ref_f, start)
 
@@ -83,13 +85,19 @@ def test_planted_rotation_is_recovered_exactly(detected, name, method):
     (i,) = frame.rotations
     gen = torch.Generator().manual_seed(3)
     q = residual.constrained_procrustes(
-        torch.randn(frame.rotated.groups[i].size, frame.rotated.groups[i].size, generator=gen,
-                    dtype=torch.float64),
+        torch.randn(
+            frame.rotated.groups[i].size,
+            frame.rotated.groups[i].size,
+            generator=gen,
+            dtype=torch.float64,
+        ),
         centered=True,
     )
     planted = act(frame.rotated, GroupElement(((i, q),)), ref_f)
     planted = spec.act(spec.sample(seed=2, scale=(0.5, 2.0), kinds=["scaling", "sign"]), planted)
-    assert mismatch(spec, ref, planted) > 1e-2 * mismatch(spec, ref, {k: 0 * v for k, v in ref.items()})
+    assert mismatch(spec, ref, planted) > 1e-2 * mismatch(
+        spec, ref, {k: 0 * v for k, v in ref.items()}
+    )
     back = wsym.align(
         ref, planted, spec, method, residual="rotation", model=model, batches=batches(name)
     )
@@ -152,7 +160,14 @@ def test_rotation_needs_the_model_and_reference_fits(detected):
     with pytest.raises(WsymInputError, match="needs model= and batches="):
         wsym.align(sd, sd, spec, residual="rotation")
     with pytest.raises(WsymInputError, match="continuous='reference'"):
-        wsym.align(sd, sd, spec, residual="rotation", continuous="canonical", model=model,
-                   batches=[(inputs, None)])
+        wsym.align(
+            sd,
+            sd,
+            spec,
+            residual="rotation",
+            continuous="canonical",
+            model=model,
+            batches=[(inputs, None)],
+        )
     with pytest.raises(WsymInputError, match="unknown residual"):
         wsym.align(sd, sd, spec, residual="rotations")

@@ -212,9 +212,7 @@ def reference_alignment(
     return current
 
 
-def _rotation_alignment(
-    spec: SymmetrySpec, ref: dict, other: dict, method: str, **options
-) -> dict:
+def _rotation_alignment(spec: SymmetrySpec, ref: dict, other: dict, method: str, **options) -> dict:
     """``other`` (float64) aligned with its pre-LN residual streams rotated (:mod:`.residual`).
 
     Both are folded (every stream norm's gain 1, an element of ``spec`` each), the

@@ -88,7 +88,10 @@ def residual_streams(spec: SymmetrySpec, model: torch.nn.Module) -> list[Stream]
 def _stream(spec: SymmetrySpec, i: int, gain_keys: dict) -> Stream | None:
     cls = spec.groups[i].cls
     occurrences = [
-        (key, leaf) for key, dims in spec.layouts for t in dims for leaf in leaves(t)
+        (key, leaf)
+        for key, dims in spec.layouts
+        for t in dims
+        for leaf in leaves(t)
         if leaf.cls == cls
     ]
     norms, covered, centered = [], set(), True
@@ -210,7 +213,10 @@ def weight_rotation(frame: Frame, ref: dict, cur: dict) -> list[tuple[int, torch
     comps = []
     for i, stream in zip(frame.rotations, frame.streams, strict=True):
         g = frame.rotated.groups[i]
-        mats_ref, mats_cur = block_matrices(frame.rotated, ref, g), block_matrices(frame.rotated, cur, g)
+        mats_ref, mats_cur = (
+            block_matrices(frame.rotated, ref, g),
+            block_matrices(frame.rotated, cur, g),
+        )
         cross = sum(mats_cur[k].transpose(-1, -2) @ mats_ref[k] for k in mats_ref)
         comps.append((i, constrained_procrustes(cross.reshape(g.size, g.size), stream.centered)))
     return comps
@@ -260,8 +266,9 @@ def verify_rotation(frame: Frame, model, state: dict, example_inputs, seed: int 
     before = probe(state)
     for i, stream in zip(frame.rotations, frame.streams, strict=True):
         n = frame.rotated.groups[i].size
-        q = constrained_procrustes(torch.randn(n, n, generator=gen, dtype=torch.float64),
-                                   stream.centered)
+        q = constrained_procrustes(
+            torch.randn(n, n, generator=gen, dtype=torch.float64), stream.centered
+        )
         change = relative(probe(act(frame.rotated, GroupElement(((i, q),)), state)), before)
         if not change <= VERIFY_TOL:
             raise WsymInputError(
