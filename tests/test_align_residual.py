@@ -171,3 +171,30 @@ def test_rotation_needs_the_model_and_reference_fits(detected):
         )
     with pytest.raises(WsymInputError, match="unknown residual"):
         wsym.align(sd, sd, spec, residual="rotations")
+
+
+class PreRMSNorm(torch.nn.Module):
+    """Two pre-RMSNorm residual MLP blocks (RMSNorm streams are not rotated yet)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 6)
+        self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(6) for _ in range(3))
+        self.ups = torch.nn.ModuleList(torch.nn.Linear(6, 8) for _ in range(2))
+        self.downs = torch.nn.ModuleList(torch.nn.Linear(8, 6) for _ in range(2))
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for norm, up, down in zip(self.norms, self.ups, self.downs, strict=False):
+            h = h + down(torch.relu(up(norm(h))))
+        return self.head(self.norms[2](h))
+
+
+def test_rms_norm_streams_are_refused():
+    torch.manual_seed(0)
+    model, x = PreRMSNorm().double(), torch.randn(16, 4, dtype=torch.float64)
+    spec = wsym.detect(model, x)
+    sd = double(model.state_dict())
+    with pytest.raises(WsymInputError, match="no pre-LN residual stream"):
+        wsym.align(sd, sd, spec, residual="rotation", model=model, batches=[(x, None)])

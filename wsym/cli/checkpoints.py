@@ -107,7 +107,6 @@ def add_commands(commands: Any) -> None:
     barrier.add_argument("--steps", type=int, default=11, help="points on the path (default 11)")
     _add_statistics(barrier, "every point of the path (on the train split)")
     _add_continuous(barrier)
-    _add_residual(barrier)
     add_data_options(
         barrier, "test", "to evaluate the loss on (activations match on train)", required=True
     )
@@ -125,29 +124,20 @@ def _add_method(parser: argparse.ArgumentParser) -> None:
         "--method", choices=METHODS, default="weights", help="alignment method (default weights)"
     )
     _add_continuous(parser)
-    _add_residual(parser)
-
-
-def _add_residual(parser: argparse.ArgumentParser) -> None:
-    from wsym.align.alignment import RESIDUAL
-
-    parser.add_argument(
-        "--residual",
-        choices=RESIDUAL,
-        default="permutation",
-        help="residual stream: permuted (default) or rotated (pre-LN transformers; needs --data)",
-    )
 
 
 def _add_continuous(parser: argparse.ArgumentParser) -> None:
-    from wsym.align.alignment import CONTINUOUS
+    """``--continuous`` and ``--residual``: how the groups beside the permutations align."""
+    from wsym.align.alignment import CONTINUOUS, RESIDUAL
 
-    parser.add_argument(
-        "--continuous",
-        choices=CONTINUOUS,
-        default="reference",
-        help="continuous groups: fitted to the reference (default) or canonicalized",
-    )
+    options = {
+        "--continuous": (CONTINUOUS, "continuous groups: fitted to the reference or canonicalized"),
+        "--residual": (RESIDUAL, "residual stream: permuted or rotated (pre-LN; needs --data)"),
+    }
+    for flag, (choices, text) in options.items():
+        parser.add_argument(
+            flag, choices=choices, default=choices[0], help=f"{text} (default {choices[0]})"
+        )
 
 
 def _add_statistics(parser: argparse.ArgumentParser, where: str) -> None:
