@@ -24,6 +24,10 @@ A's basis with
 * ``wsym activations``: ``wsym.align(..., "activations")`` on 4 train batches of 256;
 * ``wsym act+weights``: ``wsym.align(..., "activations+weights")``: activation
   matching's permutations as the start of weight matching, which moves every class;
+* ``wsym rotation``: ``"activations+weights"`` with ``residual="rotation"``: a pre-LN
+  transformer's residual stream rotated onto A's (norm gains folded, the rotation
+  from the activations at every stream site; transformer pairs only, the others
+  have no such stream);
 * ``wsym perm only``: wsym's weight matching alone (permutations and signs, as
   rebasin does; no continuous group fitted);
 * ``rebasin``: ``rebasin.PermutationCoordinateDescent`` (PyPI ``rebasin``) on a copy,
@@ -239,6 +243,11 @@ def has_batchnorm(model) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
+def has_layernorm(model) -> bool:
+    """Whether ``model`` holds a LayerNorm (a candidate pre-LN residual stream)."""
+    return any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+
+
 def bn_reset_curves(model, sd_a: dict, sd_b: dict, reset_batches, splits: dict) -> dict:
     """Curves per split with BatchNorm statistics recomputed at every point of the path."""
     alphas = [i / (STEPS - 1) for i in range(STEPS)]
@@ -274,9 +283,18 @@ ALIGNERS = {
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
     "wsym act+weights": {"method": "activations+weights", "continuous": "reference"},
+    "wsym rotation": {
+        "method": "activations+weights",
+        "continuous": "reference",
+        "residual": "rotation",
+    },
     "wsym perm only": None,  # weight matching alone: permutations and signs, no continuous fit
 }
-REPAIRED = ("wsym", "wsym act+weights")  # aligners whose paths are also measured with REPAIR
+REPAIRED = (
+    "wsym",
+    "wsym act+weights",
+    "wsym rotation",
+)  # aligners whose paths are also measured with REPAIR
 
 
 def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
@@ -322,6 +340,8 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
             start = time.process_time()
             if kw is None:
                 sd = permutation_only(sd_a, sd_b, spec, seed)
+            elif "residual" in kw and not has_layernorm(model_a):
+                break  # no pre-LN residual stream to rotate
             else:
                 sd = wsym.align(
                     sd_a,
@@ -329,6 +349,7 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
                     spec,
                     kw["method"],
                     continuous=kw["continuous"],
+                    residual=kw.get("residual", "permutation"),
                     model=model_a,
                     batches=stat_batches,
                     seed=seed,
@@ -388,6 +409,7 @@ COLUMNS = (
     "wsym canonical",
     "wsym activations",
     "wsym act+weights",
+    "wsym rotation",
     "wsym perm only",
     "rebasin",
 )
@@ -398,9 +420,11 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
     ms = res["methods"]
     naive = ms["naive"][0][split].barrier
     w_s, aw_s, rb_s = seconds(ms["wsym"]), seconds(ms["wsym act+weights"]), seconds(ms["rebasin"])
+    rot_s = seconds(ms["wsym rotation"])
     times = (
         f"{w_s:.3f}",
         f"{aw_s:.3f}",
+        f"{rot_s:.3f}" if rot_s is not None else "",
         f"{rb_s:.3f}" if rb_s is not None else "",
         f"{rb_s / w_s:.2f}" if rb_s is not None else "",
     )
@@ -416,6 +440,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             "",
             "",
             cell(ms["wsym act+weights"], key, naive_r),
+            cell(ms["wsym rotation"], key, naive_r),
             "",
             cell(ms["rebasin"], key, naive_r) if "error" not in ms["rebasin"][0] else "",
         )
@@ -424,7 +449,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
 
 
 def print_table(results: list[dict], split: str) -> None:
-    head = ("pair", "naive", *COLUMNS, "wsym s", "a+w s", "rebasin s", "rebasin/wsym")
+    head = ("pair", "naive", *COLUMNS, "wsym s", "a+w s", "rot s", "rebasin s", "rebasin/wsym")
     lines = [row for res in results for row in table_rows(res, split)]
     lines = [row + ("",) * (len(head) - len(row)) for row in lines]
     widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
@@ -444,9 +469,10 @@ def report(results: list[dict], orders: int) -> None:
         "\nwsym: wsym.align(method='weights') (continuous groups fitted to A);"
         " wsym canonical: continuous='canonical' (the previous default);"
         "\nwsym activations: one order; wsym act+weights: method='activations+weights'"
-        " (activation matching's permutations as the start of weight matching)."
+        " (activation matching's permutations as the start of weight matching);"
+        "\nwsym rotation: act+weights with residual='rotation' (pre-LN residual stream rotated)."
         "\nREPAIR / BN statistics reset at every point of the path on 4 train batches of 256."
-        "\nwsym s, a+w s, rebasin s: median CPU seconds of one alignment"
+        "\nwsym s, a+w s, rot s, rebasin s: median CPU seconds of one alignment"
         " (spec given; rebasin traces the pair itself); wsym.detect: see below."
     )
     print("\nFinal models (seed 0 / seed 1): train accuracy, test accuracy, training CPU seconds")
@@ -466,7 +492,7 @@ def report(results: list[dict], orders: int) -> None:
     for res in results:
         parts = []
         for name, runs in res["methods"].items():
-            if "error" not in runs[0]:
+            if runs and "error" not in runs[0]:
                 values = [r["objective"] for r in runs]
                 spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
                 parts.append(f"{name} {statistics.median(values):.1f}{spread}")
@@ -475,7 +501,7 @@ def report(results: list[dict], orders: int) -> None:
     for res in results:
         parts = []
         for name, runs in res["methods"].items():
-            if name == "naive":
+            if name == "naive" or not runs:
                 continue
             if "error" in runs[0]:
                 parts.append(f"{name} failed: {runs[0]['error']}")

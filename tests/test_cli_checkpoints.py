@@ -220,6 +220,22 @@ def test_bad_checkpoints_exit_2_and_write_nothing(
             "--data NAME",
         ),
         (["merge", *MLP, "A", "A", "--out", "m.pt", "--reset-batchnorm"], "--data NAME"),
+        (["align", *MLP, "A", "A", "--out", "x.pt", "--residual", "rotation"], "--data NAME"),
+        (
+            [
+                "align",
+                *MLP,
+                "A",
+                "A",
+                "--out",
+                "x.pt",
+                "--residual",
+                "rotation",
+                "--data",
+                "mnist1d",
+            ],
+            "no pre-LN residual stream",
+        ),
         (["canon", *MODEL, "A", "--out", "c.pt"], "pass --input SHAPE"),
         (["canon", *MLP, "A", "--out", "c.npz"], "unsupported suffix"),
         (["canon", *MLP, "A", "--out", "no/such/dir/c.pt"], "does not exist"),
@@ -282,3 +298,38 @@ def test_failed_plot_leaves_nothing(capsys, files, tmp_path, monkeypatch):
     code, _, err = run(capsys, "barrier", *argv, "--align", "none")
     assert code == 1 and "disk full" in err
     assert not out.exists()
+
+
+TRANSFORMER = [
+    "--model",
+    "wsym:transformer",
+    "--config",
+    "patch=4,seq=10,dim=8,heads=2,depth=1,hidden=12",
+    "--input",
+    "8,10,4",
+]
+
+
+def test_align_with_a_rotated_residual_stream_keeps_the_function(capsys, tmp_path):
+    models, paths = [], []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = build_model(
+            "wsym:transformer",
+            {"patch": 4, "seq": 10, "dim": 8, "heads": 2, "depth": 1, "hidden": 12},
+        )
+        models.append(model)
+        paths.append(tmp_path / f"t{seed}.safetensors")
+        save_state_dict({k: v.double() for k, v in model.state_dict().items()}, paths[-1])
+    out = tmp_path / "aligned.safetensors"
+    argv = [*TRANSFORMER, *paths, "--out", out, "--residual", "rotation", "--data", "mnist1d-seq"]
+    code, stdout, err = run(capsys, "align", *argv, "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["residual"] == "rotation"
+    aligned, x = load_state_dict(out), torch.randn(5, 10, 4, dtype=torch.float64)
+    net = models[1].double().eval()
+    with torch.no_grad():
+        before = net(x)
+        net.load_state_dict(aligned)
+        after = net(x)
+    assert float((after - before).abs().max()) <= 1e-9 * float(before.abs().max())

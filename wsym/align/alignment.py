@@ -58,6 +58,8 @@ CONTINUOUS = ("reference", "canonical", "canonical+reference")
 # "activations+weights": activation matching's permutations as the start of weight matching,
 # which then moves every class (the "activations" method holds the classes with a site).
 METHODS = ("weights", "activations", "activations+weights")
+# residual="rotation": a pre-LN residual stream rotated onto the reference's (wsym.align.residual)
+RESIDUAL = ("permutation", "rotation")
 DATA_METHODS = ("activations", "activations+weights")
 # continuous="reference" matches raw weights where both checkpoints are near their balanced
 # point: every unit within this factor (log) of its balanced scale, every GL block's balancing
@@ -65,6 +67,8 @@ DATA_METHODS = ("activations", "activations+weights")
 # stay within e^1.3; a copy moved by scales in 1e-2..1e2 is past e^4, where raw weight
 # matching pairs the wrong units and the canonical start is taken instead.
 IMBALANCE = math.log(10.0)
+# residual="rotation" without data: rounds of (matching, fits, stream rotation) at most
+ROTATION_ROUNDS = 20
 
 
 def align(
@@ -74,6 +78,7 @@ def align(
     method: str = "weights",
     *,
     continuous: str = "reference",
+    residual: str = "permutation",
     model: torch.nn.Module | None = None,
     batches=None,
     max_iter: int = 100,
@@ -99,6 +104,13 @@ def align(
             once; ``"canonical+reference"``: the canonical alignment, then
             refined as ``"reference"`` (robust to a checkpoint rescaled by
             orders of magnitude, which raw matching is not).
+        residual: ``"permutation"`` (default): the residual stream moves by the
+            spec's permutations; ``"rotation"``: a pre-LN transformer's stream by
+            an orthogonal ``Q`` (``Q 1 = 1``) after every norm's gain is folded into
+            its readers (:mod:`wsym.align.residual`; needs ``model`` and
+            ``batches``, verified on the model first): from the activations at
+            every stream site for the data methods, else alternating with the
+            weight matching. Only with ``continuous="reference"``.
         model: the module (activation matching runs it at both state dicts).
         batches: iterable of ``(inputs, targets)``; only the inputs are used.
         max_iter: sweeps of weight matching.
@@ -128,8 +140,12 @@ def align(
         raise WsymInputError(
             f"method={method!r} needs model= and batches=; or use method='weights'"
         )
+    _check_residual(residual, continuous, model, batches)
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
+    if residual == "rotation":
+        moved = _rotation_alignment(spec, _float64(sd_ref), _float64(sd_other), method, **options)
+        return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
     if (
         continuous == "reference"
         and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE
@@ -160,6 +176,7 @@ def reference_alignment(
     max_iter: int = 100,
     seed: int = 0,
     rounds: int = 10,
+    hold: frozenset[int] = frozenset(),
 ) -> dict:
     """``other`` (float64) moved by permutation matching and continuous fits, alternately.
 
@@ -170,14 +187,16 @@ def reference_alignment(
     lowers it by less than ``ROUND_TOL`` relative. With ``method="activations"``
     the permutations of classes with a traced site come from activations
     first, and stay fixed; with ``"activations+weights"`` they are only the
-    start, and weight matching moves them on.
+    start, and weight matching moves them on. The permutation groups in ``hold``
+    never move.
     """
-    fixed: set[int] = set()
+    fixed: set[int] = set(hold)
     current = other
     if method in DATA_METHODS:
         perms, matched = activation_matching(spec, model, ref, current, batches)
+        perms = [(i, p) for i, p in perms if i not in hold]
         current = act(spec, GroupElement(tuple(perms)), current)
-        fixed = matched if method == "activations" else set()
+        fixed = (matched if method == "activations" else set()) | set(hold)
     value = mismatch(spec, ref, current)
     scale = mismatch(spec, ref, {k: torch.zeros_like(v) for k, v in ref.items()})
     if value <= 1e-16 * scale:  # on the reference to 1e-8 (a recovered copy): nothing to fit
@@ -193,6 +212,61 @@ def reference_alignment(
         if start - value <= ROUND_TOL * max(start, 1e-300):
             break
     return current
+
+
+def _rotation_alignment(spec: SymmetrySpec, ref: dict, other: dict, method: str, **options) -> dict:
+    """``other`` (float64) aligned with its pre-LN residual streams rotated (:mod:`.residual`).
+
+    Both are folded (every stream norm's gain 1, an element of ``spec`` each), the
+    rotation is verified on the model at the folded reference, and the folded
+    ``other`` is aligned in the :class:`~wsym.align.residual.Frame`: with data, the
+    streams' rotation from their activations, then the other classes as
+    ``method`` does with the streams held; without, rounds of weight matching
+    and fits alternating with the rotation from the weights. The result is put
+    back in ``ref``'s own basis (``ref``'s fold undone).
+    """
+    from wsym.align import residual
+
+    model, batches = options.pop("model"), options.pop("batches")
+    streams = residual.residual_streams(spec, model)
+    fold_ref = residual.fold_element(spec, streams, ref)
+    ref_f = act(spec, fold_ref, ref)
+    cur = act(spec, residual.fold_element(spec, streams, other), other)
+    frame = residual.frame_of(spec, streams)
+    residual.verify_rotation(frame, model, ref_f, batches[0][0])
+    if method in DATA_METHODS:
+        turn = residual.activation_rotation(frame, model, ref_f, cur, batches)
+        cur = act(frame.rotated, GroupElement(tuple(turn)), cur)
+        cur = reference_alignment(
+            frame.work, ref_f, cur, method, model=model, batches=batches, hold=frame.held, **options
+        )
+    else:
+        value = mismatch(frame.work, ref_f, cur)
+        for _ in range(ROTATION_ROUNDS):
+            start = value
+            cur = reference_alignment(frame.work, ref_f, cur, rounds=1, **options)
+            turn = residual.weight_rotation(frame, ref_f, cur)
+            cur = act(frame.rotated, GroupElement(tuple(turn)), cur)
+            value = mismatch(frame.work, ref_f, cur)
+            if start - value <= ROUND_TOL * max(start, 1e-300):
+                break
+    return act(spec, fold_ref.inverse(), cur)
+
+
+def _check_residual(residual: str, continuous: str, model, batches) -> None:
+    if residual not in RESIDUAL:
+        raise WsymInputError(
+            f"unknown residual alignment {residual!r}; use one of {', '.join(RESIDUAL)}"
+        )
+    if residual == "rotation" and continuous != "reference":
+        raise WsymInputError(
+            f"residual='rotation' works with continuous='reference', not {continuous!r}"
+        )
+    if residual == "rotation" and (model is None or not batches):
+        raise WsymInputError(
+            "residual='rotation' needs model= and batches= (the rotation is verified on the "
+            "model); or use residual='permutation'"
+        )
 
 
 def _canonical_alignment(

@@ -39,6 +39,7 @@ def merge(
     *,
     method: str = "weights",
     continuous: str = "reference",
+    residual: str = "permutation",
     model: torch.nn.Module | None = None,
     batches=None,
     reset_batchnorm: bool = False,
@@ -63,6 +64,7 @@ def merge(
         spec: the :class:`~wsym.group.spec.SymmetrySpec`.
         method: alignment method, ``"weights"``, ``"activations"`` or ``"activations+weights"``.
         continuous: ``"reference"`` or ``"canonical"`` (see :func:`wsym.align`).
+        residual: ``"permutation"`` or ``"rotation"`` (pre-LN streams, see :func:`wsym.align`).
         model: the module (activation matching, BatchNorm reset, REPAIR, barriers).
         batches: iterable of ``(inputs, targets)`` (activation matching, statistics).
         reset_batchnorm: recompute BatchNorm running statistics of the merge on ``batches``.
@@ -93,7 +95,16 @@ def merge(
     ref = state_dicts[reference]
 
     def aligned_to(target, sd):
-        return align(target, sd, spec, method, continuous=continuous, model=model, batches=batches)
+        return align(
+            target,
+            sd,
+            spec,
+            method,
+            continuous=continuous,
+            residual=residual,
+            model=model,
+            batches=batches,
+        )
 
     aligned = [sd if i == reference else aligned_to(ref, sd) for i, sd in enumerate(state_dicts)]
     history = [_spread(spec, aligned)]

@@ -127,14 +127,17 @@ def _add_method(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_continuous(parser: argparse.ArgumentParser) -> None:
-    from wsym.align.alignment import CONTINUOUS
+    """``--continuous`` and ``--residual``: how the groups beside the permutations align."""
+    from wsym.align.alignment import CONTINUOUS, RESIDUAL
 
-    parser.add_argument(
-        "--continuous",
-        choices=CONTINUOUS,
-        default="reference",
-        help="continuous groups: fitted to the reference (default) or canonicalized",
-    )
+    options = {
+        "--continuous": (CONTINUOUS, "continuous groups: fitted to the reference or canonicalized"),
+        "--residual": (RESIDUAL, "residual stream: permuted or rotated (pre-LN; needs --data)"),
+    }
+    for flag, (choices, text) in options.items():
+        parser.add_argument(
+            flag, choices=choices, default=choices[0], help=f"{text} (default {choices[0]})"
+        )
 
 
 def _add_statistics(parser: argparse.ArgumentParser, where: str) -> None:
@@ -173,6 +176,7 @@ def run_align(args: argparse.Namespace) -> int:
 
     out = check_state_dict_out(args.out)
     _need_data(args, args.method != "weights", f"--method {args.method}")
+    _need_data(args, args.residual == "rotation", "--residual rotation")
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
@@ -184,6 +188,7 @@ def run_align(args: argparse.Namespace) -> int:
         "other": args.other,
         "out": str(out),
         "method": args.method,
+        "residual": args.residual,
         "distance_before": before,
         "distance_after": after,
     }
@@ -206,6 +211,7 @@ def run_merge(args: argparse.Namespace) -> int:
     _need_data(args, args.method != "weights", f"--method {args.method}")
     _need_data(args, args.reset_batchnorm, "--reset-batchnorm")
     _need_data(args, args.repair, "--repair")
+    _need_data(args, args.residual == "rotation", "--residual rotation")
     job = prepare(args, args.checkpoints)
     matching = matching_batches(job.data, args.split, args.batch_size) if job.data else None
     if args.repair:  # the statistics are measured on the whole split
@@ -215,7 +221,8 @@ def run_merge(args: argparse.Namespace) -> int:
         job.spec,
         method=args.method,
         continuous=args.continuous,
-        model=_scratch(job.model, args.method),
+        residual=args.residual,
+        model=_scratch(job.model, args.method, args.residual),
         batches=matching,
         repair=args.repair,
         seed=args.seed,
@@ -229,6 +236,7 @@ def run_merge(args: argparse.Namespace) -> int:
         "out": str(out),
         "method": args.method,
         "continuous": args.continuous,
+        "residual": args.residual,
         "repair": args.repair,
         "reset_batchnorm": args.reset_batchnorm,
     }
@@ -274,13 +282,14 @@ def _align(job: Any, ref: dict, other: dict, method: str, data, args: argparse.N
     """``other`` aligned to ``ref`` by ``method`` with the command's ``--continuous`` and seed."""
     import wsym
 
-    model = _scratch(job.model, method)
+    model = _scratch(job.model, method, args.residual)
     return wsym.align(
         ref,
         other,
         job.spec,
         method,
         continuous=args.continuous,
+        residual=args.residual,
         model=model,
         batches=data,
         seed=args.seed,
@@ -346,9 +355,10 @@ def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
     return {k: fresh[k].to(v.dtype) if k in buffers else v for k, v in merged.items()}
 
 
-def _scratch(model: Any, method: str) -> Any:
-    """For activation matching, a float64 copy of ``model`` (it runs it in float64)."""
-    return copy.deepcopy(model).double() if method not in ("weights", "none") else model
+def _scratch(model: Any, method: str, residual: str = "permutation") -> Any:
+    """For activation matching or a rotated stream, a float64 copy of ``model`` (run in float64)."""
+    needs = method not in ("weights", "none") or residual == "rotation"
+    return copy.deepcopy(model).double() if needs else model
 
 
 def _need_data(args: argparse.Namespace, needed: bool, what: str) -> None:
