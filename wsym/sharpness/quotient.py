@@ -26,8 +26,9 @@ adaptive metric ``||xi / |w| ||`` (:func:`wsym.sharpness.geometry.adaptive_inner
 is exactly invariant to scaling, sign and norm-scaling groups (elementwise
 rescalings) and to permutations, but not to orthogonal groups or translations.
 ``orthogonal`` groups are left elementwise too. A GL group whose entries overlap
-an earlier group's, or that lacks one of the two parities, is left out
-(elementwise).
+an earlier group's, that lacks one of the two parities, or with a factor of fewer
+rows than its size (a singular Gram matrix: the metrics would be degenerate; with a
+``SymmetryWarning``), is left out (elementwise).
 
 Shapes:
     ``gather``: ``{name: (*shape)}`` -> list of ``(group index, Pair)`` with
@@ -36,7 +37,7 @@ Shapes:
 Example:
     >>> import torch, wsym
     >>> from wsym.models.networks import MLP
-    >>> model = MLP(4, [3], 2, "identity").double()
+    >>> model = MLP(4, [3], 4, "identity").double()
     >>> spec = wsym.detect(model, torch.randn(2, 4, dtype=torch.float64))
     >>> params = dict(model.named_parameters())
     >>> blocks = gather(spec, params)
