@@ -28,6 +28,9 @@ A's basis with
   transformer's residual stream rotated onto A's (norm gains folded, the rotation
   from the activations at every stream site; transformer pairs only, the others
   have no such stream);
+* ``wsym rotation act``: ``"activations"`` with ``residual="rotation"``: the same
+  rotation, the heads and MLP units then held at activation matching's
+  permutations (only the continuous groups fitted to A after it);
 * ``wsym perm only``: wsym's weight matching alone (permutations and signs, as
   rebasin does; no continuous group fitted);
 * ``rebasin``: ``rebasin.PermutationCoordinateDescent`` (PyPI ``rebasin``) on a copy,
@@ -288,12 +291,18 @@ ALIGNERS = {
         "continuous": "reference",
         "residual": "rotation",
     },
+    "wsym rotation act": {
+        "method": "activations",
+        "continuous": "reference",
+        "residual": "rotation",
+    },
     "wsym perm only": None,  # weight matching alone: permutations and signs, no continuous fit
 }
 REPAIRED = (
     "wsym",
     "wsym act+weights",
     "wsym rotation",
+    "wsym rotation act",
 )  # aligners whose paths are also measured with REPAIR
 
 
@@ -410,6 +419,7 @@ COLUMNS = (
     "wsym activations",
     "wsym act+weights",
     "wsym rotation",
+    "wsym rotation act",
     "wsym perm only",
     "rebasin",
 )
@@ -441,6 +451,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             "",
             cell(ms["wsym act+weights"], key, naive_r),
             cell(ms["wsym rotation"], key, naive_r),
+            cell(ms["wsym rotation act"], key, naive_r),
             "",
             cell(ms["rebasin"], key, naive_r) if "error" not in ms["rebasin"][0] else "",
         )
@@ -470,7 +481,9 @@ def report(results: list[dict], orders: int) -> None:
         " wsym canonical: continuous='canonical' (the previous default);"
         "\nwsym activations: one order; wsym act+weights: method='activations+weights'"
         " (activation matching's permutations as the start of weight matching);"
-        "\nwsym rotation: act+weights with residual='rotation' (pre-LN residual stream rotated)."
+        "\nwsym rotation: act+weights with residual='rotation' (pre-LN residual stream rotated);"
+        " wsym rotation act: method='activations' with residual='rotation' (heads and MLP"
+        "\nunits held at activation matching's permutations)."
         "\nREPAIR / BN statistics reset at every point of the path on 4 train batches of 256."
         "\nwsym s, a+w s, rot s, rebasin s: median CPU seconds of one alignment"
         " (spec given; rebasin traces the pair itself); wsym.detect: see below."

@@ -14,7 +14,7 @@ from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 
 PRE_LN = ["tiny-transformer", "tiny-transformer-rotary", "tiny-transformer-tokens"]
-METHODS = ["weights", "activations+weights"]
+METHODS = ["weights", "activations", "activations+weights"]
 
 
 def batches(name, n=3):
