@@ -9,11 +9,12 @@ trivially (a constant); the second catches that.
 
 Example:
     >>> import torch, wsym
+    >>> _ = torch.manual_seed(0)
     >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     >>> spec = wsym.detect(mlp, torch.randn(2, 3))
     >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
-    >>> def fn(s):  # the function itself at a fixed input: invariant and sensitive
-    ...     x = torch.ones(1, 3, dtype=torch.float64)
+    >>> x = torch.randn(16, 3, dtype=torch.float64)  # fixed inputs that reach every unit
+    >>> def fn(s):  # the function itself at fixed inputs: invariant and sensitive
     ...     return torch.func.functional_call(mlp, s, (x,))
     >>> assert_invariant(fn, spec, sd) < 1e-10
     True
