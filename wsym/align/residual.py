@@ -258,23 +258,24 @@ def activation_rotation(
 def verify_rotation(frame: Frame, model, state: dict, example_inputs, seed: int = 0) -> None:
     """Refuse, in one line, streams whose random rotation changes ``model``'s output at ``state``.
 
-    ``state`` is folded; the check runs in float64 on random inputs of the
-    example's shape (:class:`wsym.group.verify.Probe`).
+    Every stream is rotated at once (one random ``Q`` each); ``state`` is folded;
+    the check runs in float64 on random inputs of the example's shape
+    (:class:`wsym.group.verify.Probe`).
     """
     from wsym.group.floor import relative
     from wsym.group.verify import Probe
 
     probe = Probe(model, example_inputs, seed=seed)
     gen = torch.Generator().manual_seed(seed)
-    before = probe(state)
+    turns = []
     for i, stream in zip(frame.rotations, frame.streams, strict=True):
         n = frame.rotated.groups[i].size
-        q = constrained_procrustes(
-            torch.randn(n, n, generator=gen, dtype=torch.float64), stream.centered
+        noise = torch.randn(n, n, generator=gen, dtype=torch.float64)
+        turns.append((i, constrained_procrustes(noise, stream.centered)))
+    change = relative(probe(act(frame.rotated, GroupElement(tuple(turns)), state)), probe(state))
+    if not change <= VERIFY_TOL:
+        classes = ", ".join(str(s.cls) for s in frame.streams)
+        raise WsymInputError(
+            f"residual='rotation': rotating the stream of class {classes} changes the "
+            f"output by {change:.1e} (not a pre-LN stream); use residual='permutation'"
         )
-        change = relative(probe(act(frame.rotated, GroupElement(((i, q),)), state)), before)
-        if not change <= VERIFY_TOL:
-            raise WsymInputError(
-                f"residual='rotation': rotating the stream of class {stream.cls} changes the "
-                f"output by {change:.1e} (not a pre-LN stream); use residual='permutation'"
-            )
