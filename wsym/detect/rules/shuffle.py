@@ -18,7 +18,7 @@ that chain as one shuffle, named by its first ``view``.
 from __future__ import annotations
 
 from wsym.detect.context import Context, Dep
-from wsym.detect.rules.common import norm_dim, shape
+from wsym.detect.rules.common import _schema_name, norm_dim, shape
 from wsym.detect.rules.shape import VIEWS
 from wsym.detect.rules.shape import view as plain_view
 
@@ -100,14 +100,14 @@ def _chain(first) -> tuple | None:
     if 1 in split[d : d + 2]:  # one factor of 1: the transpose moves nothing
         return None
     node = _only_user(first)
-    if node is None or _name(node) != "aten::transpose":
+    if node is None or _schema_name(node) != "aten::transpose":
         return None
     if sorted(norm_dim(a, len(split)) for a in node.args[1:3]) != [d, d + 1]:
         return None
     node = _only_user(node)
-    while node is not None and _name(node) in COPIES:
+    while node is not None and _schema_name(node) in COPIES:
         node = _only_user(node)
-    if node is None or _name(node) not in VIEW_NAMES or shape(node) != before:
+    if node is None or _schema_name(node) not in VIEW_NAMES or shape(node) != before:
         return None
     return node, d, split[d]
 
@@ -115,11 +115,6 @@ def _chain(first) -> tuple | None:
 def _only_user(node):
     users = list(node.users)
     return users[0] if len(users) == 1 and users[0].op == "call_function" else None
-
-
-def _name(node) -> str:
-    schema = getattr(node.target, "_schema", None)
-    return schema.name if schema is not None else str(node.target)
 
 
 VIEW_NAMES = {f"aten::{n}" for n in VIEWS}
