@@ -31,6 +31,7 @@ import math
 import torch
 
 from wsym.align.assignment import assignment
+from wsym.align.biases import unmatched_biases, without
 from wsym.align.canonicalize import canonical_element
 from wsym.align.continuous import fit_continuous, mismatch
 from wsym.align.matching import procrustes, weight_matching
@@ -60,6 +61,9 @@ CONTINUOUS = ("reference", "canonical", "canonical+reference")
 METHODS = ("weights", "activations", "activations+weights")
 # residual="rotation": a pre-LN residual stream rotated onto the reference's (wsym.align.residual)
 RESIDUAL = ("permutation", "rotation")
+# biases="auto": the biases of units that do not read a normalization's output are left out of
+# weight matching's pairing scores (wsym.align.biases); "matched": every parameter is in them.
+BIASES = ("auto", "matched")
 DATA_METHODS = ("activations", "activations+weights")
 # continuous="reference" matches raw weights where both checkpoints are near their balanced
 # point: every unit within this factor (log) of its balanced scale, every GL block's balancing
@@ -79,6 +83,7 @@ def align(
     *,
     continuous: str = "reference",
     residual: str = "permutation",
+    biases: str = "auto",
     model: torch.nn.Module | None = None,
     batches=None,
     max_iter: int = 100,
@@ -111,6 +116,11 @@ def align(
             ``batches``, verified on the model first): from the activations at
             every stream site for the data methods, else alternating with the
             weight matching. Only with ``continuous="reference"``.
+        biases: ``"auto"`` (default): the permutation matching of ``continuous="reference"``
+            leaves out of its pairing scores the biases of units that do not read a
+            normalization's output (:mod:`wsym.align.biases`; they still move with their
+            units and count in the continuous fits and the objective); ``"matched"``:
+            every parameter is in the scores (the previous default).
         model: the module (activation matching runs it at both state dicts).
         batches: iterable of ``(inputs, targets)``; only the inputs are used.
         max_iter: sweeps of weight matching.
@@ -141,6 +151,8 @@ def align(
             f"method={method!r} needs model= and batches=; or use method='weights'"
         )
     _check_residual(residual, continuous, model, batches)
+    if biases not in BIASES:
+        raise WsymInputError(f"unknown biases {biases!r}; use one of {', '.join(BIASES)}")
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
     if residual == "rotation":
@@ -156,7 +168,8 @@ def align(
         # that copies differing by sign flips start matched; scales stay as they are.
         ref, g_ref = canonical_element(sd_ref, spec, kinds=SIGNS)
         other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
-        moved = reference_alignment(spec, ref, other, method, **options)
+        unmatched = unmatched_biases(spec) if biases == "auto" else frozenset()
+        moved = reference_alignment(spec, ref, other, method, unmatched=unmatched, **options)
         moved = act(spec, g_ref.inverse(), moved)
     else:
         moved = _canonical_alignment(spec, sd_ref, sd_other, method, **options)
@@ -177,6 +190,7 @@ def reference_alignment(
     seed: int = 0,
     rounds: int = 10,
     hold: frozenset[int] = frozenset(),
+    unmatched: frozenset[str] = frozenset(),
 ) -> dict:
     """``other`` (float64) moved by permutation matching and continuous fits, alternately.
 
@@ -189,6 +203,13 @@ def reference_alignment(
     first, and stay fixed; with ``"activations+weights"`` they are only the
     start, and weight matching moves them on. The permutation groups in ``hold``
     never move.
+
+    The tensors in ``unmatched`` (:func:`wsym.align.biases.unmatched_biases`) are
+    left out of the matching's pairing scores, so the permutation step minimizes
+    the objective without them and can raise the whole objective ``D``; the
+    continuous fits lower ``D``. The rounds then keep the lowest ``D`` seen, the
+    start included: the result's ``D`` is never above that of ``other`` (or of
+    the activation-matched start).
     """
     fixed: set[int] = set(hold)
     current = other
@@ -201,17 +222,26 @@ def reference_alignment(
     scale = mismatch(spec, ref, {k: torch.zeros_like(v) for k, v in ref.items()})
     if value <= 1e-16 * scale:  # on the reference to 1e-8 (a recovered copy): nothing to fit
         return current
+    best, lowest, scored_ref = current, value, without(ref, unmatched)
     for r in range(rounds):
         start = value
         perms = weight_matching(
-            spec, ref, current, max_iter=max_iter, seed=seed, fixed=fixed, warm=r > 0
+            spec,
+            scored_ref,
+            without(current, unmatched),
+            max_iter=max_iter,
+            seed=seed,
+            fixed=fixed,
+            warm=r > 0,
         )
         current = act(spec, GroupElement(tuple(perms)), current)
         current = act(spec, GroupElement(tuple(fit_continuous(spec, ref, current))), current)
         value = mismatch(spec, ref, current)
+        if value <= lowest:
+            best, lowest = current, value
         if start - value <= ROUND_TOL * max(start, 1e-300):
             break
-    return current
+    return best
 
 
 def _rotation_alignment(spec: SymmetrySpec, ref: dict, other: dict, method: str, **options) -> dict:
