@@ -19,8 +19,10 @@ A's basis with
 
 * ``wsym``: ``wsym.align(..., "weights")``, the default: permutations matched
   and continuous groups fitted to A, alternately;
-* ``wsym canonical``: ``continuous="canonical"`` (the previous default: both
-  canonicalized in their continuous groups, then matched);
+* ``wsym canonical``: ``continuous="canonical"`` (both canonicalized in their
+  continuous groups, then matched);
+* ``wsym biases matched``: ``biases="matched"`` (the previous default: every
+  parameter in weight matching's pairing scores, see ``wsym.align.biases``);
 * ``wsym activations``: ``wsym.align(..., "activations")`` on 4 train batches of 256;
 * ``wsym act+weights``: ``wsym.align(..., "activations+weights")``: activation
   matching's permutations as the start of weight matching, which moves every class;
@@ -284,6 +286,7 @@ ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, reb
 ALIGNERS = {
     "wsym": {"method": "weights", "continuous": "reference"},
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
+    "wsym biases matched": {"method": "weights", "continuous": "reference", "biases": "matched"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
     "wsym act+weights": {"method": "activations+weights", "continuous": "reference"},
     "wsym rotation": {
@@ -359,6 +362,7 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
                     kw["method"],
                     continuous=kw["continuous"],
                     residual=kw.get("residual", "permutation"),
+                    biases=kw.get("biases", "auto"),
                     model=model_a,
                     batches=stat_batches,
                     seed=seed,
@@ -416,6 +420,7 @@ def seconds(runs: list[dict]) -> float | None:
 COLUMNS = (
     "wsym",
     "wsym canonical",
+    "wsym biases matched",
     "wsym activations",
     "wsym act+weights",
     "wsym rotation",
@@ -449,6 +454,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             cell(ms["wsym"], key, naive_r),
             "",
             "",
+            "",
             cell(ms["wsym act+weights"], key, naive_r),
             cell(ms["wsym rotation"], key, naive_r),
             cell(ms["wsym rotation act"], key, naive_r),
@@ -478,7 +484,9 @@ def report(results: list[dict], orders: int) -> None:
     print(
         "\n* the aligned model B computes a different function (relative output change > 1e-3)."
         "\nwsym: wsym.align(method='weights') (continuous groups fitted to A);"
-        " wsym canonical: continuous='canonical' (the previous default);"
+        " wsym canonical: continuous='canonical';"
+        "\nwsym biases matched: biases='matched' (the previous default: every parameter in the"
+        " matching's scores);"
         "\nwsym activations: one order; wsym act+weights: method='activations+weights'"
         " (activation matching's permutations as the start of weight matching);"
         "\nwsym rotation: act+weights with residual='rotation' (pre-LN residual stream rotated);"
