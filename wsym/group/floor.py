@@ -92,6 +92,10 @@ class Islands(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and (
+            out.dtype == torch.float64 or not out.is_floating_point()
+        ):
+            return out  # no operand is finer than float64: not an island, nothing to read
         eps = [torch.finfo(t.dtype).eps for t in _tensors((args, kwargs)) if t.is_floating_point()]
         if not eps:
             return out
