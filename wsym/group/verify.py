@@ -32,7 +32,7 @@ from wsym.errors import SymmetryWarning
 from wsym.group.adversary import adversarial_inputs, cheap
 from wsym.group.depthwise import ShiftedDepthwise, has_depthwise
 from wsym.group.elements import act, sample
-from wsym.group.floor import FACTOR, Islands, perturbed_state, relative
+from wsym.group.floor import FACTOR, Islands, perturbed, relative
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
 
@@ -115,7 +115,7 @@ class Probe:
         """The same probe computing in ``dtype``: its inputs cast, states cast on each call.
 
         It shares :attr:`generic` (the same dict, so the group elements and the
-        reference cache are the same), but keeps its own floors and perturbed weights.
+        reference cache are the same), but keeps its own floors.
         """
         other = copy.copy(self)
         other.dtype = dtype
@@ -175,32 +175,33 @@ class Probe:
     def floor(self, state: dict) -> float:
         """The numerical floor at ``state`` (:mod:`wsym.group.floor`), measured once per state.
 
-        The perturbed weights are drawn once and shared by every rescaled probe, and
-        so is the lowest precision the model computes in (its islands, also read by
-        the probes :meth:`in_dtype` makes): where that is not below the probe's dtype,
-        the later floors run without the dispatch mode that perturbs them.
+        The weights are perturbed in place at the probe's own precision and restored
+        exactly (:func:`~wsym.group.floor.perturbed`; the same draw for every
+        rescaled probe). The lowest precision the model computes in (its islands,
+        also read by the probes :meth:`in_dtype` makes) is found once: where that is
+        not below the probe's dtype, the later floors run without the dispatch mode
+        that perturbs them.
         """
         key = id(state)
         if key not in self._floors:
-            if self._shared.get("perturbed", (None,))[0] is not state:
-                gen = torch.Generator().manual_seed(self.seed + 7)
-                own = self._converted(state)  # perturbed at the probe's own precision
-                self._shared["perturbed"] = (state, perturbed_state(own, gen))
+            y0 = self.reference(state)  # before the weights move
+            gen = torch.Generator().manual_seed(self.seed + 7)
             eps = torch.finfo(self.dtype).eps
             seen = self._shared.get("island_eps", self._shared.get("parent", {}).get("island_eps"))
-            if seen is None or seen > eps:  # unknown yet, or the model has islands
-                islands = Islands(perturb=True, gen=torch.Generator().manual_seed(self.seed + 8))
-                y1 = self(self._shared["perturbed"][1], mode=islands)
-                # the same ops run on every input: without islands, no mode is needed again
-                self._shared["island_eps"] = islands.eps
-            else:
-                y1 = self(self._shared["perturbed"][1])
-            self._floors[key] = max(relative(y1, self.reference(state)), eps)
+            with perturbed(self._converted(state), gen) as moved:
+                if seen is None or seen > eps:  # unknown yet, or the model has islands
+                    seed = self.seed + 8
+                    islands = Islands(perturb=True, gen=torch.Generator().manual_seed(seed))
+                    y1 = self(moved, mode=islands)
+                    # the same ops run on every input: without islands, no mode is needed again
+                    self._shared["island_eps"] = islands.eps
+                else:
+                    y1 = self(moved)
+            self._floors[key] = max(relative(y1, y0), eps)
         return self._floors[key]
 
     def release(self) -> None:
-        """Drop the perturbed weights the floor was measured at (one model copy)."""
-        self._shared.pop("perturbed", None)
+        """Drop the last conversion of a state to the probe's dtype (one model copy)."""
         self._shared.pop("converted", None)
 
     def __call__(self, state: dict, mode=None) -> torch.Tensor:
@@ -440,7 +441,8 @@ def screen(
         if p.dtype not in tols:
             tols[p.dtype] = FACTOR * p.floor(p.generic)
     for p in all_probes:
-        p.release()  # the perturbed copies of the weights are no longer needed
+        p.reference(p.generic)  # kept per probe: then the conversion is no longer needed
+        p.release()
     checks = [(p, tols[p.dtype]) for p in all_probes]
     devs = [0.0] * len(spec.groups)
     failed: list[int] = []
