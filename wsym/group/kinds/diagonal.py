@@ -65,6 +65,10 @@ class Sign(Kind):
         """``a * b``."""
         return a * b
 
+    def leaf_key(self, group: Group):
+        """The leaf's exponent: :meth:`block_fn` multiplies by ``value**e``."""
+        return _exponent_of(group)
+
     def block_fn(self, group: Group, value):
         """Multiply each class axis by ``value**e``."""
         return _factor_fn(group, value)
@@ -185,6 +189,11 @@ def running_var(spec: SymmetrySpec, group: Group, state: dict, rv_key: str) -> T
 
     transform(state[rv_key], list(spec.layout[rv_key]), grab)
     return holder["v"]
+
+
+def _exponent_of(group: Group):
+    exps = dict(group.exponents)
+    return lambda leaf: exps.get(leaf.var, 0)
 
 
 def _factor_fn(group: Group, s: Tensor):
