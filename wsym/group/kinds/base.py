@@ -44,8 +44,11 @@ class Kind:
         self_dual: a matrix kind with ``M^-T = M`` (orthogonal): both parities
             transform alike.
         additive: acts by adding a constant (translations).
-        fusable: :meth:`act` is :meth:`block_fn` applied block by block (nothing
-            else), so that several elements act in one pass per tensor (:func:`act_chain`).
+        fusable: :meth:`act` is what :meth:`chain_parts` lists, applied block by block,
+            so that several elements act in one pass per tensor (:func:`act_chain`).
+        reads_state: :meth:`chain_parts` reads the state it acts on (so that
+            :func:`~wsym.group.elements.act` puts it in a later pass than any earlier
+            part on its classes).
         axis_map: how :meth:`block_fn` acts, where it acts on each class axis alone
             (no index classes): ``"index"`` (it reorders the axis), ``"factor"`` (it
             multiplies it entrywise), or ``""`` (neither, e.g. a matrix per index).
@@ -65,6 +68,7 @@ class Kind:
     self_dual: ClassVar[bool] = False
     additive: ClassVar[bool] = False
     fusable: ClassVar[bool] = True
+    reads_state: ClassVar[bool] = False
     local: ClassVar[bool] = True
     axis_map: ClassVar[str] = ""
 
@@ -122,6 +126,15 @@ class Kind:
         both. The default, the leaf itself, shares nothing.
         """
         return _itself
+
+    def chain_parts(self, spec: SymmetrySpec, group: Group, value, state: dict) -> list:
+        """``[(keys, (class, fn, axis map, leaf key))]``: what :func:`act_chain` applies.
+
+        By default :meth:`block_fn` on the group's parameters.
+        """
+        mode = self.axis_map if not group.index else ""
+        key = self.leaf_key(group) if mode else None
+        return [(group.params, (group.cls, self.block_fn(group, value), mode, key))]
 
     def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
         """The tensors of ``state`` that ``value`` changes, acted on."""
@@ -249,13 +262,10 @@ def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:
     from wsym.group.kinds import kind_of
 
     fns: dict = {}
-    for group, value in parts:
-        kind = kind_of(group)
-        fn = kind.block_fn(group, value)
-        mode = kind.axis_map if not group.index else ""
-        part = (group.cls, fn, mode, kind.leaf_key(group) if mode else None)
-        for key in group.params:
-            fns.setdefault(key, []).append(part)
+    for group, value in parts:  # every part's chain read off the state before any acts
+        for keys, part in kind_of(group).chain_parts(spec, group, value, state):
+            for key in keys:
+                fns.setdefault(key, []).append(part)
 
     maps: dict = {}  # (leaf class, parts on it) -> its reordering and factors
     for key, fs in fns.items():
@@ -308,12 +318,12 @@ def _by_axis(spec: SymmetrySpec, key: str, t: Tensor, fs, maps: dict) -> Tensor:
     from its leaves' (:func:`_leaf_map`), joined with one ``cat``; any other goes
     through :func:`transform` on ``(arange, ones)``.
     """
-    own = False
     by_cls: dict = {}
     for k, (c, *_) in enumerate(fs):
         by_cls.setdefault(c, []).append(k)
     trees = spec.layout[key]
     flat = derived(spec, ("axis_leaves", key), lambda: tuple(_axis_leaves(x) for x in trees))
+    steps = []
     for ax, tree in enumerate(trees):
         if flat[ax] is None:
             on = _parts_on(tree, by_cls)
@@ -325,12 +335,42 @@ def _by_axis(spec: SymmetrySpec, key: str, t: Tensor, fs, maps: dict) -> Tensor:
             index, factor, modes = _joined_map(flat[ax], fs, by_cls, maps)
             if not modes:
                 continue
-        if "index" in modes:
+        steps.append(
+            (ax, index if "index" in modes else None, factor if "factor" in modes else None)
+        )
+    return _apply_steps(t, steps, maps)
+
+
+def _apply_steps(t: Tensor, steps: list, maps: dict) -> Tensor:
+    """``t`` reordered and multiplied along each axis of ``steps`` (``(axis, index, factor)``).
+
+    The first of several reorderings is written into one scratch buffer shared by the
+    whole :func:`act_chain` (the next one reads it at once, into a new tensor): a
+    weight reordered along two axes then takes one new tensor, not two (each new
+    tensor costs page faults, together a forward pass's worth on a DenseNet).
+    """
+    own = False
+    reorders = [k for k, (_, index, _) in enumerate(steps) if index is not None]
+    for k, (ax, index, factor) in enumerate(steps):
+        if index is not None and k == reorders[0] and len(reorders) > 1:  # read at once
+            shape = t.shape[:ax] + (index.numel(),) + t.shape[ax + 1 :]
+            t = torch.index_select(t, ax, index, out=_scratch(maps, shape, t.dtype))
+            own = True
+        elif index is not None:
             t, own = t.index_select(ax, index), True
-        if "factor" in modes:
+        if factor is not None:
             f = along(factor.to(t.dtype), ax, t.ndim)
             t, own = (t.mul_(f) if own else t * f), True
     return t
+
+
+def _scratch(maps: dict, shape, dtype) -> Tensor:
+    """A buffer of ``shape`` from ``maps``' scratch (grown as needed, overwritten each time)."""
+    n = math.prod(shape)
+    buf = maps.get(("scratch", dtype))
+    if buf is None or buf.numel() < n:
+        buf = maps["scratch", dtype] = torch.empty(n, dtype=dtype)
+    return buf[:n].view(shape)
 
 
 def _axis_leaves(tree) -> tuple | None:
