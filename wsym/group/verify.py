@@ -442,6 +442,7 @@ def screen(
             tols[p.dtype] = FACTOR * p.floor(p.generic)
     for p in all_probes:
         p.reference(p.generic)  # kept per probe: then the conversion is no longer needed
+    for p in all_probes:
         p.release()
     checks = [(p, tols[p.dtype]) for p in all_probes]
     devs = [0.0] * len(spec.groups)
