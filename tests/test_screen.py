@@ -76,3 +76,40 @@ def test_islands_find_a_float32_island_and_nothing_else():
     with Islands(perturb=True, gen=gen):  # an island's output moves by about one float32 ulp
         y = x.float().double()
     assert 0 < float((y - x.float().double()).abs().max()) < 1e-6
+
+
+def test_one_float32_floor_serves_both_regime_probes_and_false_claims_still_fail(monkeypatch):
+    """The x1/20 probe reuses the x20 probe's float32 floor: one floor per dtype.
+
+    Sharing it can only lower a tolerance; the false claims each probe catches
+    (ReLU6's cap at x20, an unscaled bias in the linear region at x1/20, a
+    BatchNorm eps in float64) are still rejected, and true groups still pass.
+    """
+    from wsym.group.verify import Probe
+
+    measured = []
+    floor = Probe.floor
+    monkeypatch.setattr(
+        Probe, "floor", lambda p, st: measured.append((p.dtype, p.input_scale)) or floor(p, st)
+    )
+    torch.manual_seed(0)
+    model = Act(nn.ReLU6()).double()
+    x = 1e-3 * torch.randn(5, 4, dtype=torch.float64)
+    spec = wsym.detect(model, x)
+    assert spec.groups  # the true permutation passes
+    perm = next(g for g in spec.groups if g.kind == "permutation")
+    measured.clear()
+    _, failed = screen(
+        _fake_scaling(spec, perm.cls, ["a.weight", "a.bias", "b.weight"]), float64_probe(model, x)
+    )
+    assert failed == [0]
+    assert set(measured) == {(torch.float64, 1.0), (torch.float32, 20.0)}  # and the adversary's
+    # a bias left unscaled: visible where biases dominate, the linear region (x1/20)
+    relu = Act(nn.ReLU()).double()
+    spec = wsym.detect(relu, x)
+    perm = next(g for g in spec.groups if g.kind == "permutation")
+    unscaled_bias = _fake_scaling(spec, perm.cls, ["a.weight", "b.weight"])
+    fresh, saturating, linear = probes(float64_probe(relu, x), torch.float32)
+    assert not _passes(linear, unscaled_bias, [0])
+    _, failed = screen(unscaled_bias, float64_probe(relu, x))
+    assert failed == [0]

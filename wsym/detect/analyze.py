@@ -166,7 +166,10 @@ KEPT_BY_EXPORT = frozenset(
 def unknown_ops(traced: Traced) -> list[str]:
     """Names of the ops without a rule that the outputs read and the parameters reach.
 
-    Ops of :data:`KEPT_BY_EXPORT` are left out: an export would not read them either.
+    Ops of :data:`KEPT_BY_EXPORT` are left out: an export would not read them either;
+    so are integer ops (indices, sorting, counting): :func:`_apply` reads any of them
+    the same way, rule or not, so an export could not read them better (HF Mixtral's
+    expert dispatch writes an inverse permutation with ``index_put_``).
     """
     free = parameter_free(traced.graph, set(traced.parameters))
     live = live_nodes(traced.graph)
@@ -175,6 +178,8 @@ def unknown_ops(traced: Traced) -> list[str]:
         if node.op != "call_function" or node.name in free or node.name not in live:
             continue
         name = rule_name(node)
+        if not (_is_float_op(node) or name in MASKS):
+            continue
         known = name in RULES or (name.endswith("_") and name[:-1] in RULES)
         if name == "aten::repeat" and tiled_axes(node):  # InstanceNorm's decomposition:
             known = False  # the export keeps instance_norm, which a rule reads

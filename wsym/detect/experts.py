@@ -121,7 +121,8 @@ def router_weights(traced) -> dict[str, frozenset]:
     """Router weights ``W`` whose ``linear(x, W)`` a ``topk`` ranks, each with its experts.
 
     Read from the traced graph: from each ``topk`` back through softmax, sigmoid
-    and casts to a ``linear`` whose weight is a parameter. Its experts are the
+    and casts to a ``linear`` whose weight is a parameter (a recorded pass has
+    ``mm`` of its transpose). Its experts are the
     weights of the ``grouped_mm`` calls whose offsets come from that ``topk``
     (walking back through integer ops and casts only); empty where none does.
     """
@@ -131,8 +132,9 @@ def router_weights(traced) -> dict[str, frozenset]:
     for node in traced.graph.nodes:
         if node.op == "call_function" and rule_name(node) == "aten::topk":
             src = _back(node.args[0], THROUGH, rule_name)
-            if _is_call(src) and rule_name(src) == "aten::linear":
-                key = traced.parameters.get(getattr(src.args[1], "name", None))
+            w = _weight_of(src, rule_name)
+            if w is not None:
+                key = traced.parameters.get(getattr(w, "name", None))
                 if key is not None:
                     routers[node.name] = (key, set())
     for node in traced.graph.nodes:
@@ -155,6 +157,16 @@ VIEWS = (
 )
 CASTS = ("aten::_to_copy", "aten::to", "_operator::getitem", "aten::histc")  # ids as floats
 GROUPED = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
+
+
+def _weight_of(node, rule_name):
+    """The weight ``W`` of ``linear(x, W)``, recorded as ``linear`` or as ``mm(x, t(W))``."""
+    if not _is_call(node):
+        return None
+    if rule_name(node) == "aten::linear":
+        return node.args[1]
+    w = node.args[1] if rule_name(node) == "aten::mm" else None
+    return w.args[0] if _is_call(w) and rule_name(w) == "aten::t" else None
 
 
 def _is_call(node) -> bool:

@@ -63,16 +63,14 @@ def rref(rows, order, modulus: int | None) -> dict:
     rank = {k: i for i, k in enumerate(order)}
     pivots: dict = {}
     for raw in rows:
-        row = _clean(
-            {k: (c % modulus if modulus else Fraction(c)) for k, c in raw.items()}, modulus
-        )
+        row = _clean({k: (c % modulus if modulus else c) for k, c in raw.items()}, modulus)
         for c in [k for k in row if k in pivots]:  # pivot rows are reduced: one pass
             if c in row:
                 row = _axpy(row, pivots[c], -row[c], modulus)
         if not row:
             continue
         c = min(row, key=rank.__getitem__)
-        inv = pow(int(row[c]), -1, modulus) if modulus else 1 / row[c]
+        inv = pow(int(row[c]), -1, modulus) if modulus else _reciprocal(row[c])
         row = _clean(
             {k: (v * inv % modulus if modulus else v * inv) for k, v in row.items()}, modulus
         )
@@ -81,6 +79,15 @@ def rref(rows, order, modulus: int | None) -> dict:
                 pivots[pc] = _axpy(prow, row, -prow[c], modulus)
         pivots[c] = row
     return pivots
+
+
+def _reciprocal(x):
+    """``1 / x`` exactly: an int for ``x = +-1`` (most pivots), else a Fraction.
+
+    Rows stay Python ints until a pivot other than +-1 divides them (ints and
+    Fractions mix exactly): Fraction arithmetic was most of solving a DenseNet.
+    """
+    return int(x) if x in (1, -1) else 1 / Fraction(x)
 
 
 def _clean(row: dict, modulus: int | None) -> dict:

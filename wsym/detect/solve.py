@@ -34,6 +34,22 @@ class Structure:
         self._canon: dict[int, tuple] = {}
         self._leaves: dict[int, list] = {}
         self._pinned: dict | None = None
+        self._events: list | None = None
+
+    def events(self) -> list[tuple[set, set]]:
+        """``(contracted classes, present classes)`` of every contraction or reduction event.
+
+        Found once: every GL or orthogonal class reads them all (:func:`_index_classes`).
+        """
+        if self._events is None:
+            self._events = [
+                (
+                    {r for a in atoms for _, r, _ in self.leaves(a)},
+                    {r for a in present for _, r, _ in self.leaves(a)},
+                )
+                for atoms, present in self.ctx.events
+            ]
+        return self._events
 
     def canon(self, a: int) -> tuple:
         """Occurrence key of atom ``a``: (base atom, path of sub-axis indices)."""
@@ -456,9 +472,8 @@ def _index_classes(ctx, st, cls, tensors) -> tuple[int, ...]:
         once = {c for c in classes if classes.count(c) == 1 and c != cls}
         common = once if common is None else common & once
     common = common or set()
-    for atoms, present in ctx.events:
-        contracted = {r for a in atoms for _, r, _ in st.leaves(a)}
-        if cls not in contracted and cls in {r for a in present for _, r, _ in st.leaves(a)}:
+    for contracted, present in st.events() if common else ():
+        if cls not in contracted and cls in present:
             common -= contracted
     return tuple(sorted(c for c in common if st.info[c].size > 1))
 

@@ -115,8 +115,10 @@ def _schedule(spec: SymmetrySpec, g: GroupElement) -> list[tuple[bool, list]]:
     applied in one :func:`act_chain`; the others hold the rest, one after the
     other. A part goes to the earliest phase of its type after every earlier part
     it does not commute with: parts of :attr:`~wsym.group.kinds.base.Kind.local`
-    kinds on disjoint classes commute, so a DenseNet's ~2500 groups act in three
-    phases (permutations; BatchNorm scalings; signs and scalings), not ~200.
+    kinds on disjoint classes commute, so a DenseNet's ~2500 groups act in two
+    fused phases (permutations; BatchNorm scalings, signs and scalings), not ~200.
+    A part whose kind :attr:`~wsym.group.kinds.base.Kind.reads_state` (a BatchNorm
+    scaling reads the running variances) goes after the phase of those parts.
     Within a phase the parts keep their order.
     """
     phases: list[list] = []
@@ -132,6 +134,8 @@ def _schedule(spec: SymmetrySpec, g: GroupElement) -> list[tuple[bool, list]]:
             lo = max([barrier, *(last.get(c, -1) for c in (group.cls, *group.index))])
         else:  # after every earlier part
             lo = len(phases) - 1
+        if kind.reads_state and lo >= 0:  # in a later phase than those: it reads their result
+            lo += 1
         phase = max(lo, 0)
         if (phase % 2 == 0) != fused:
             phase += 1

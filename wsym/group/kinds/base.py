@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from wsym.group.layout import map_blocks, transform
-from wsym.group.spec import Group, SymmetrySpec, leaves
+from wsym.group.memo import derived
+from wsym.group.spec import Group, Split, SymmetrySpec, leaves
 
 
 class Kind:
@@ -43,8 +44,11 @@ class Kind:
         self_dual: a matrix kind with ``M^-T = M`` (orthogonal): both parities
             transform alike.
         additive: acts by adding a constant (translations).
-        fusable: :meth:`act` is :meth:`block_fn` applied block by block (nothing
-            else), so that several elements act in one pass per tensor (:func:`act_chain`).
+        fusable: :meth:`act` is what :meth:`chain_parts` lists, applied block by block,
+            so that several elements act in one pass per tensor (:func:`act_chain`).
+        reads_state: :meth:`chain_parts` reads the state it acts on (so that
+            :func:`~wsym.group.elements.act` puts it in a later pass than any earlier
+            part on its classes).
         axis_map: how :meth:`block_fn` acts, where it acts on each class axis alone
             (no index classes): ``"index"`` (it reorders the axis), ``"factor"`` (it
             multiplies it entrywise), or ``""`` (neither, e.g. a matrix per index).
@@ -64,6 +68,7 @@ class Kind:
     self_dual: ClassVar[bool] = False
     additive: ClassVar[bool] = False
     fusable: ClassVar[bool] = True
+    reads_state: ClassVar[bool] = False
     local: ClassVar[bool] = True
     axis_map: ClassVar[str] = ""
 
@@ -113,6 +118,24 @@ class Kind:
         """``fn(block, leaves) -> block``: the exact action on one leaf-level block."""
         raise NotImplementedError
 
+    def leaf_key(self, group: Group):
+        """``key(leaf)``: what :meth:`block_fn` reads of a leaf of the group's class.
+
+        Two leaves of the class with equal keys (and size and relabeling) are acted
+        on alike along their axis, so :func:`act_chain` finds that axis map once for
+        both. The default, the leaf itself, shares nothing.
+        """
+        return _itself
+
+    def chain_parts(self, spec: SymmetrySpec, group: Group, value, state: dict) -> list:
+        """``[(keys, (class, fn, axis map, leaf key))]``: what :func:`act_chain` applies.
+
+        By default :meth:`block_fn` on the group's parameters.
+        """
+        mode = self.axis_map if not group.index else ""
+        key = self.leaf_key(group) if mode else None
+        return [(group.params, (group.cls, self.block_fn(group, value), mode, key))]
+
     def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
         """The tensors of ``state`` that ``value`` changes, acted on."""
         fn = self.block_fn(group, value)
@@ -135,6 +158,10 @@ class Kind:
     def generator_adjoint(self, spec: SymmetrySpec, group: Group, state: dict, y: dict) -> Tensor:
         """``J^T y`` (shape :meth:`coefficient_shape`); keys missing from ``y`` count as zero."""
         raise TypeError(f"{self.name} groups are finite: they have no generators")
+
+
+def _itself(leaf):
+    return leaf
 
 
 def along(vec: Tensor, axis: int, ndim: int) -> Tensor:
@@ -235,19 +262,17 @@ def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:
     from wsym.group.kinds import kind_of
 
     fns: dict = {}
-    for group, value in parts:
-        kind = kind_of(group)
-        fn = kind.block_fn(group, value)
-        mode = kind.axis_map if not group.index else ""
-        for key in group.params:
-            fns.setdefault(key, []).append((group.cls, fn, mode))
+    for group, value in parts:  # every part's chain read off the state before any acts
+        for keys, part in kind_of(group).chain_parts(spec, group, value, state):
+            for key in keys:
+                fns.setdefault(key, []).append(part)
 
-    maps: dict = {}  # (axis tree, parts on it) -> the axis's reordering and factors
+    maps: dict = {}  # (leaf class, parts on it) -> its reordering and factors
     for key, fs in fns.items():
-        if all(mode for *_, mode in fs):
-            state[key] = _by_axis(spec.layout[key], state[key], fs, maps)
+        if all(mode for _, _, mode, _ in fs):
+            state[key] = _by_axis(spec, key, state[key], fs, maps)
         else:
-            chain = _chain([(c, f) for c, f, _ in fs])
+            chain = _chain([(c, f) for c, f, *_ in fs])
             state[key] = map_blocks(spec, key, state[key], chain, frozenset(c for c, *_ in fs))
 
 
@@ -272,7 +297,7 @@ def _paired(fs):
 
     def fn(t, lv):
         here = {leaf.cls for leaf in lv}
-        for cls, f, mode in fs:
+        for cls, f, mode, _ in fs:
             if cls in here:
                 if mode == "index":
                     t = f(t, lv)
@@ -283,36 +308,158 @@ def _paired(fs):
     return fn
 
 
-def _by_axis(trees, t: Tensor, fs, maps: dict) -> Tensor:
-    """``t`` acted on by ``fs`` one axis at a time (:func:`act_chain`).
+def _by_axis(spec: SymmetrySpec, key: str, t: Tensor, fs, maps: dict) -> Tensor:
+    """``t = state[key]`` acted on by ``fs`` one axis at a time (:func:`act_chain`).
 
     Along each axis the parts compose to ``x[i] -> x[index[i]] * factor[i]``, found
     on ``(arange, ones)`` and applied as one ``index_select`` and one product
     (in place, once ``t`` is a new tensor: the caller's is never written).
+    An axis that is a concatenation of leaves (:func:`_axis_leaves`) gets its map
+    from its leaves' (:func:`_leaf_map`), joined with one ``cat``; any other goes
+    through :func:`transform` on ``(arange, ones)``.
+    """
+    by_cls: dict = {}
+    for k, (c, *_) in enumerate(fs):
+        by_cls.setdefault(c, []).append(k)
+    trees = spec.layout[key]
+    flat = derived(spec, ("axis_leaves", key), lambda: tuple(_axis_leaves(x) for x in trees))
+    steps = []
+    for ax, tree in enumerate(trees):
+        if flat[ax] is None:
+            on = _parts_on(tree, by_cls)
+            if not on:
+                continue
+            index, factor = _tree_map(tree, [fs[k] for k in on])
+            modes = {fs[k][2] for k in on}
+        else:
+            index, factor, modes = _joined_map(flat[ax], fs, by_cls, maps)
+            if not modes:
+                continue
+        steps.append(
+            (ax, index if "index" in modes else None, factor if "factor" in modes else None)
+        )
+    return _apply_steps(t, steps, maps)
+
+
+def _apply_steps(t: Tensor, steps: list, maps: dict) -> Tensor:
+    """``t`` reordered and multiplied along each axis of ``steps`` (``(axis, index, factor)``).
+
+    The first of several reorderings is written into one scratch buffer shared by the
+    whole :func:`act_chain` (the next one reads it at once, into a new tensor): a
+    weight reordered along two axes then takes one new tensor, not two (each new
+    tensor costs page faults, together a forward pass's worth on a DenseNet).
     """
     own = False
-    for ax, tree in enumerate(trees):
-        here = {leaf.cls for leaf in leaves(tree)}
-        on = [(c, f, m) for c, f, m in fs if c in here]
-        if not on:
-            continue
-        memo = (tree, tuple(id(f) for _, f, _ in on))
-        if memo not in maps:
-            start = torch.stack(
-                (
-                    torch.arange(tree.size, dtype=torch.float64),
-                    torch.ones(tree.size, dtype=torch.float64),
-                ),
-                dim=-1,
-            )
-            pair = transform(start, [tree], _paired(on))
-            index = pair[:, 0].round().long() if any(m == "index" for *_, m in on) else None
-            factor = pair[:, 1] if any(m == "factor" for *_, m in on) else None
-            maps[memo] = index, factor
-        index, factor = maps[memo]
-        if index is not None:
+    reorders = [k for k, (_, index, _) in enumerate(steps) if index is not None]
+    for k, (ax, index, factor) in enumerate(steps):
+        if index is not None and k == reorders[0] and len(reorders) > 1:  # read at once
+            shape = t.shape[:ax] + (index.numel(),) + t.shape[ax + 1 :]
+            t = torch.index_select(t, ax, index, out=_scratch(maps, shape, t.dtype))
+            own = True
+        elif index is not None:
             t, own = t.index_select(ax, index), True
         if factor is not None:
             f = along(factor.to(t.dtype), ax, t.ndim)
             t, own = (t.mul_(f) if own else t * f), True
     return t
+
+
+def _scratch(maps: dict, shape, dtype) -> Tensor:
+    """A buffer of ``shape`` from ``maps``' scratch (grown as needed, overwritten each time)."""
+    n = math.prod(shape)
+    buf = maps.get(("scratch", dtype))
+    if buf is None or buf.numel() < n:
+        buf = maps["scratch", dtype] = torch.empty(n, dtype=dtype)
+    return buf[:n].view(shape)
+
+
+def _axis_leaves(tree) -> tuple | None:
+    """``(leaves, offsets)`` of an axis that is a concatenation of leaves, else None.
+
+    One-child products are looked through; a product of several sub-axes or a
+    relabeled concatenation is not such an axis (a relabeled leaf is).
+    """
+    out: list = []
+
+    def walk(node, start) -> bool:
+        if isinstance(node, Split):
+            if node.relabel or (node.mode == "prod" and len(node.children) != 1):
+                return False
+            for child in node.children:
+                if not walk(child, start):
+                    return False
+                start += child.size
+            return True
+        out.append((node, start))
+        return True
+
+    if not walk(tree, 0):
+        return None
+    offsets = torch.tensor([off for _, off in out], dtype=torch.long)
+    sizes = torch.tensor([leaf.size for leaf, _ in out], dtype=torch.long)
+    return tuple(leaf for leaf, _ in out), torch.repeat_interleave(offsets, sizes)
+
+
+def _joined_map(flat, fs, by_cls: dict, maps: dict) -> tuple[Tensor, Tensor, set]:
+    """``(index, factor, modes)`` of a concatenation of leaves: each leaf's map, joined."""
+    lv, offsets = flat
+    indices, factors, modes = [], [], set()
+    for leaf in lv:
+        on = by_cls.get(leaf.cls)
+        if on is None:
+            index, factor = _identity(leaf.size, maps)
+        else:
+            signature = tuple((id(fs[k][1]), fs[k][3](leaf)) for k in on)
+            memo = (leaf.cls, leaf.size, leaf.relabel, signature)
+            if memo not in maps:
+                maps[memo] = _leaf_map(leaf, [fs[k] for k in on])
+            index, factor = maps[memo]
+            modes.update(fs[k][2] for k in on)
+        indices.append(index)
+        factors.append(factor)
+    if len(lv) == 1:
+        return indices[0], factors[0], modes
+    return torch.cat(indices) + offsets, torch.cat(factors), modes
+
+
+def _identity(n: int, maps: dict) -> tuple[Tensor, Tensor]:
+    if ("identity", n) not in maps:
+        maps["identity", n] = torch.arange(n), torch.ones(n, dtype=torch.float64)
+    return maps["identity", n]
+
+
+def _leaf_map(leaf, parts) -> tuple[Tensor, Tensor]:
+    """``(index, factor)`` of ``parts`` along one leaf, from their :meth:`Kind.block_fn` calls.
+
+    On ``arange`` and ones, in order: reorderings move both, products multiply the
+    factors (the values :func:`_paired` finds through :func:`transform`).
+    """
+    if leaf.relabel:  # read in the class's order, as transform hands it over
+        return _tree_map(leaf, parts)
+    index = torch.arange(leaf.size)
+    factor = torch.ones(leaf.size, dtype=torch.float64)
+    lv = [leaf]
+    for _, f, mode, _ in parts:
+        if mode == "index":
+            index = f(index, lv)
+        factor = f(factor, lv)
+    return index, factor
+
+
+def _tree_map(tree, parts) -> tuple[Tensor, Tensor]:
+    """``(index, factor)`` of ``parts`` along one axis, through :func:`transform`."""
+    pair = torch.stack(
+        (
+            torch.arange(tree.size, dtype=torch.float64),
+            torch.ones(tree.size, dtype=torch.float64),
+        ),
+        dim=-1,
+    )
+    pair = transform(pair, [tree], _paired(parts))
+    return pair[:, 0].round().long(), pair[:, 1]
+
+
+def _parts_on(tree, by_cls: dict) -> list[int]:
+    """Positions in ``fs`` of the parts on a class of ``tree``'s leaves, in order."""
+    classes = {leaf.cls for leaf in leaves(tree)}
+    return sorted(k for c in classes for k in by_cls.get(c, ()))

@@ -65,6 +65,10 @@ class Sign(Kind):
         """``a * b``."""
         return a * b
 
+    def leaf_key(self, group: Group):
+        """The leaf's exponent: :meth:`block_fn` multiplies by ``value**e``."""
+        return _exponent_of(group)
+
     def block_fn(self, group: Group, value):
         """Multiply each class axis by ``value**e``."""
         return _factor_fn(group, value)
@@ -130,17 +134,30 @@ class Scaling(Sign):
 class NormScaling(Scaling):
     """``(R+)^n`` on the weights feeding a BatchNorm, with its running statistics and weight."""
 
-    fusable = False  # its act also corrects the BatchNorm weights from the running variances
+    reads_state = True  # it also corrects the BatchNorm weights from the running variances
 
     name = "norm_scaling"
     one_sided = True
 
-    def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
-        """Scale, then correct the BatchNorm weights (factors from the running var before)."""
+    def chain_parts(self, spec: SymmetrySpec, group: Group, value, state: dict) -> list:
+        """As scaling, then each corrected BatchNorm weight times its factor (as :meth:`act`)."""
+        parts = super().chain_parts(spec, group, value, state)
+        mode = "factor" if not group.index else ""
+        for key, f in self._factors(spec, group, value, state).items():
+            parts.append(((key,), (group.cls, _unit_fn(group, f), mode, _unit_key)))
+        return parts
+
+    def _factors(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict:
+        """Per corrected weight, the factor of each unit (from the running variance before)."""
         factors = {}
         for w_key, rv_key, eps, u in group.corrections:
             su, v = value.pow(u), running_var(spec, group, state, rv_key)
             factors[w_key] = torch.sqrt(su**2 * v + eps) / (su * torch.sqrt(v + eps))
+        return factors
+
+    def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
+        """Scale, then correct the BatchNorm weights (factors from the running var before)."""
+        factors = self._factors(spec, group, value, state)
         out = super().act(spec, group, value, state)
         for key, f in factors.items():
             out[key] = map_blocks(
@@ -187,6 +204,11 @@ def running_var(spec: SymmetrySpec, group: Group, state: dict, rv_key: str) -> T
     return holder["v"]
 
 
+def _exponent_of(group: Group):
+    exps = dict(group.exponents)
+    return lambda leaf: exps.get(leaf.var, 0)
+
+
 def _factor_fn(group: Group, s: Tensor):
     exps = dict(group.exponents)
 
@@ -198,6 +220,10 @@ def _factor_fn(group: Group, s: Tensor):
         return t
 
     return fn
+
+
+def _unit_key(leaf):
+    return None  # _unit_fn multiplies every leaf of the class alike
 
 
 def _unit_fn(group: Group, factor: Tensor):

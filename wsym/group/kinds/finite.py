@@ -64,6 +64,10 @@ class Permutation(Kind):
         """``b[a]``: ``t[b]`` then ``[a]`` is ``t[b[a]]`` (per index value)."""
         return b.gather(-1, a)
 
+    def leaf_key(self, group: Group):
+        """Nothing: every leaf of the class is indexed alike (:meth:`block_fn`)."""
+        return _nothing
+
     def block_fn(self, group: Group, value):
         """Index every class axis of the block with ``perm``."""
 
@@ -76,3 +80,7 @@ class Permutation(Kind):
             return t
 
         return fn
+
+
+def _nothing(leaf):
+    return None
