@@ -72,6 +72,53 @@ class EdgeNodeConv(MessagePassing):
         return mlp(torch.cat([x_j, e], dim=-1))
 
 
+class RoleConv(nn.Module):
+    r"""One round of edge and node updates whose messages are averaged *per edge role*.
+
+    :class:`EdgeNodeConv` averages all messages into a node: where one role has many
+    more edges than another (a transformer's residual-stream unit receives the
+    weights of every block and the attention products), the mean is that role's.
+    Here each direction's messages are averaged within each of ``roles`` roles and
+    the per-role means concatenated (an absent role gives zeros):
+
+    .. math::
+        h_j \leftarrow h_j + \phi_h\big([h_j,\ (\mathrm{mean}_{i \to j,\ r_{ij} = r}
+        \psi_f([h_i, e_{ij}]))_{r},\ (\mathrm{mean}_{j \to k,\ r_{jk} = r}
+        \psi_b([h_k, e_{jk}]))_{r}]\big).
+
+    Roles are invariant labels of edges, so the layer is as permutation equivariant
+    as :class:`EdgeNodeConv`.
+
+    Example:
+        >>> conv = RoleConv(8, roles=2)
+        >>> h, e = torch.randn(4, 8), torch.randn(3, 8)
+        >>> ei, role = torch.tensor([[0, 1, 2], [3, 3, 0]]), torch.tensor([0, 1, 1])
+        >>> [t.shape for t in conv(h, ei, e, role)]
+        [torch.Size([4, 8]), torch.Size([3, 8])]
+    """
+
+    def __init__(self, hidden: int, roles: int):
+        super().__init__()
+        self.roles = roles
+        self.edge = mlp(3 * hidden, hidden, hidden)
+        self.forward_msg = mlp(2 * hidden, hidden, hidden)
+        self.backward_msg = mlp(2 * hidden, hidden, hidden)
+        self.node = mlp((1 + 2 * roles) * hidden, hidden, hidden)
+        self.norm_h, self.norm_e = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, role: Tensor):
+        """Updated ``(h (N, H), e (E, H))``; ``role (E,)`` in ``[0, roles)``."""
+        src, dst = edge_index
+        n, r = len(h), self.roles
+        e = self.norm_e(e + self.edge(torch.cat([h[src], h[dst], e], dim=-1)))
+        fwd = self.forward_msg(torch.cat([h[src], e], dim=-1))
+        bwd = self.backward_msg(torch.cat([h[dst], e], dim=-1))
+        fwd = scatter(fwd, dst * r + role, 0, dim_size=n * r, reduce="mean").view(n, -1)
+        bwd = scatter(bwd, src * r + role, 0, dim_size=n * r, reduce="mean").view(n, -1)
+        h = self.norm_h(h + self.node(torch.cat([h, fwd, bwd], dim=-1)))
+        return h, e
+
+
 class TypedEncoder(nn.Module):
     """Standardize features per type, then ``Linear(x) * (1 + gamma[type]) + beta[type]``."""
 
