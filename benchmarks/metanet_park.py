@@ -80,6 +80,7 @@ def park_options(args) -> dict:
         "paths": args.paths,
         "readout": args.readout,
         "aggregate": args.aggregate,
+        "inputs": args.inputs,
     }
 
 
@@ -211,6 +212,9 @@ def main() -> None:  # noqa: D103
     )
     parser.add_argument(
         "--aggregate", default="mean", choices=("mean", "roles"), help="message aggregation"
+    )
+    parser.add_argument(
+        "--inputs", default="standard", choices=("standard", "squashed"), help="graph input scaling"
     )
     parser.add_argument(
         "--graph-cache", metavar="FILE", help="invariant graphs stored here (read if present)"

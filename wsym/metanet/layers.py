@@ -120,10 +120,17 @@ class RoleConv(nn.Module):
 
 
 class TypedEncoder(nn.Module):
-    """Standardize features per type, then ``Linear(x) * (1 + gamma[type]) + beta[type]``."""
+    r"""Standardize features per type, then ``Linear(x) * (1 + gamma[type]) + beta[type]``.
 
-    def __init__(self, types: int, width: int, hidden: int):
+    With ``squash``, the standardized features pass through :math:`\operatorname{asinh}`
+    first: linear within a standard deviation, logarithmic beyond, so a family whose
+    features sit tens of deviations out (a transformer's canonical weights against the
+    MLPs' that dominate the role's statistics) does not saturate the network.
+    """
+
+    def __init__(self, types: int, width: int, hidden: int, squash: bool = False):
         super().__init__()
+        self.squash = squash
         self.lin = nn.Linear(width, hidden)
         self.gamma, self.beta = nn.Embedding(types, hidden), nn.Embedding(types, hidden)
         nn.init.zeros_(self.gamma.weight)
@@ -140,7 +147,8 @@ class TypedEncoder(nn.Module):
         self.std.copy_(var.sqrt().clamp(min=1e-8))
 
     def forward(self, x: Tensor, types: Tensor) -> Tensor:  # noqa: D102
-        z = self.lin((x - self.mean[types]) / self.std[types])
+        z = (x - self.mean[types]) / self.std[types]
+        z = self.lin(torch.asinh(z) if self.squash else z)
         return z * (1 + self.gamma(types)) + self.beta(types)
 
 

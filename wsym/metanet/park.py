@@ -77,6 +77,7 @@ BRANCHES = ("both", "stats", "graph")
 COMBINE = ("blend", "residual", "joint", "boost")
 READOUTS = ("roles", "thirds")
 AGGREGATES = ("mean", "roles")
+INPUTS = ("standard", "squashed")
 THIRDS = 3  # depth / forward-order buckets of the "thirds" readout
 
 
@@ -101,6 +102,9 @@ class ParkNet(nn.Module):
         aggregate: ``"mean"`` (:class:`~wsym.metanet.layers.EdgeNodeConv`: one mean over
             all incoming / outgoing messages) or ``"roles"``
             (:class:`~wsym.metanet.layers.RoleConv`: one mean per edge role).
+        inputs: ``"standard"`` (node, attribute and edge features standardized per role)
+            or ``"squashed"`` (then through asinh: robust to a family's heavy tails;
+            :class:`~wsym.metanet.layers.TypedEncoder`).
     """
 
     def __init__(
@@ -117,23 +121,26 @@ class ParkNet(nn.Module):
         paths: bool = False,
         readout: str = "roles",
         aggregate: str = "mean",
+        inputs: str = "standard",
     ):
         super().__init__()
         if branches not in BRANCHES:
             raise WsymInputError(f"branches must be one of {', '.join(BRANCHES)}, got {branches!r}")
         if combine not in COMBINE:
             raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
-        if readout not in READOUTS or aggregate not in AGGREGATES:
+        if readout not in READOUTS or aggregate not in AGGREGATES or inputs not in INPUTS:
             raise WsymInputError(
-                f"readout is one of {', '.join(READOUTS)} and aggregate one of "
-                f"{', '.join(AGGREGATES)}, got {readout!r} and {aggregate!r}"
+                f"readout is one of {', '.join(READOUTS)}, aggregate one of "
+                f"{', '.join(AGGREGATES)} and inputs one of {', '.join(INPUTS)}, got "
+                f"{readout!r}, {aggregate!r} and {inputs!r}"
             )
         self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
         self.paths, self.readout, self.aggregate = paths, readout, aggregate
         self.register_buffer("graph_weight", torch.tensor(0.5))
-        self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
-        self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
-        self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
+        squash, self.inputs = inputs == "squashed", inputs
+        self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden, squash)
+        self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden, squash)
+        self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden, squash)
         roles = len(EDGE_ROLES)
         self.convs = nn.ModuleList(
             RoleConv(hidden, roles) if aggregate == "roles" else EdgeNodeConv(hidden)
@@ -397,6 +404,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config.get("paths", False),
         config.get("readout", "roles"),
         config.get("aggregate", "mean"),
+        config.get("inputs", "standard"),
     )
 
 

@@ -70,6 +70,7 @@ def fit_park(
     paths: bool = False,
     readout: str = "roles",
     aggregate: str = "mean",
+    inputs: str = "standard",
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
@@ -96,6 +97,7 @@ def fit_park(
         readout: the graph branch's readout, ``"roles"`` or ``"thirds"``
             (:class:`~wsym.metanet.park.ParkNet`).
         aggregate: its message aggregation, ``"mean"`` or ``"roles"``.
+        inputs: its input scaling, ``"standard"`` or ``"squashed"`` (asinh after standardizing).
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
@@ -127,6 +129,7 @@ def fit_park(
         "paths": paths,
         "readout": readout,
         "aggregate": aggregate,
+        "inputs": inputs,
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
