@@ -114,8 +114,9 @@ def run(paths: str, args) -> dict:
         progress=True,
         caches=caches,
     )
-    if args.graph_cache and not os.path.exists(args.graph_cache):
-        torch.save([caches["canonical"][id(sd)][1] for sd in members], args.graph_cache)
+    store = caches["canonical"]
+    if args.graph_cache and not os.path.exists(args.graph_cache) and len(store) == len(members):
+        torch.save([store[id(sd)][1] for sd in members], args.graph_cache)
     return {"zoo": paths, "architectures": n_arch, **report}
 
 
