@@ -30,7 +30,9 @@ subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke r
 joint readout): test tau of its statistics branch, its graph branch and the
 combination; ``--study-rows`` picks rows by label (comma list; labels hold no
 comma). ``--combine joint|boost``, ``--stat-readout`` and ``--paths`` configure the park
-metanet (:mod:`wsym.metanet.park`); ``--targets`` picks the target columns; the fits
+metanet (:mod:`wsym.metanet.park`); ``--targets`` picks the target columns;
+``--graph-cache FILE`` keeps the invariant graphs (minutes to prepare on a park)
+between runs of the same zoo and caps; the fits
 and tables are
 :mod:`wsym.metanet.park_evaluate`'s, as ``wsym metanet eval`` on a park.
 """
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -75,7 +78,23 @@ def park_options(args) -> dict:
         "lr": args.lr,
         "combine": args.combine,
         "paths": args.paths,
+        "readout": args.readout,
+        "aggregate": args.aggregate,
+        "inputs": args.inputs,
     }
+
+
+def graph_cache(data: dict, path: str | None) -> tuple[dict, list]:
+    """``(caches, members)``: the invariant graphs stored at ``path`` (if any), keyed as
+    :class:`~wsym.metanet.park_baselines.ParkMetanet` keys them; ``members`` in file order."""
+    members = [sd for s in SPLITS for _, sd, _ in data[s]]
+    caches: dict = {"canonical": {}}
+    if path and os.path.exists(path):
+        graphs = torch.load(path, weights_only=False)
+        if len(graphs) != len(members):
+            raise SystemExit(f"{path} holds {len(graphs)} graphs, the park {len(members)}")
+        caches["canonical"] = {id(sd): (sd, g) for sd, g in zip(members, graphs, strict=True)}
+    return caches, members
 
 
 def run(paths: str, args) -> dict:
@@ -84,6 +103,7 @@ def run(paths: str, args) -> dict:
     counts = {s: len(v) for s, v in data.items()}
     print(f"\n## {paths}: {counts} members, {n_arch} architectures")
     sys.stdout.flush()
+    caches, members = graph_cache(data, args.graph_cache)
     report = evaluate_park(
         data,
         ys,
@@ -92,7 +112,11 @@ def run(paths: str, args) -> dict:
         options=park_options(args),
         targets=tuple(args.targets),
         progress=True,
+        caches=caches,
     )
+    store = caches["canonical"]
+    if args.graph_cache and not os.path.exists(args.graph_cache) and len(store) == len(members):
+        torch.save([store[id(sd)][1] for sd in members], args.graph_cache)
     return {"zoo": paths, "architectures": n_arch, **report}
 
 
@@ -183,6 +207,18 @@ def main() -> None:  # noqa: D103
     )
     parser.add_argument(
         "--paths", action="store_true", help="graph readout also reads cross-layer paths"
+    )
+    parser.add_argument(
+        "--readout", default="roles", choices=("roles", "thirds"), help="graph readout buckets"
+    )
+    parser.add_argument(
+        "--aggregate", default="mean", choices=("mean", "roles"), help="message aggregation"
+    )
+    parser.add_argument(
+        "--inputs", default="standard", choices=("standard", "squashed"), help="graph input scaling"
+    )
+    parser.add_argument(
+        "--graph-cache", metavar="FILE", help="invariant graphs stored here (read if present)"
     )
     parser.add_argument("--study-rows", help="comma list of study rows (default: all)")
     parser.add_argument(

@@ -216,6 +216,50 @@ def test_boosted_graph_branch_with_path_features_is_invariant_and_saved(detected
     assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
 
 
+@pytest.mark.parametrize(
+    "readout,aggregate,inputs",
+    [("thirds", "mean", "standard"), ("roles", "roles", "standard"), ("roles", "mean", "squashed")],
+)
+def test_readout_aggregation_and_input_options_are_invariant_and_saved(
+    detected, tmp_path, readout, aggregate, inputs
+):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(
+        members,
+        y,
+        epochs=1,
+        stat_epochs=3,
+        hidden=8,
+        members=2,
+        combine="joint",
+        stat_readout=True,
+        readout=readout,
+        aggregate=aggregate,
+        inputs=inputs,
+    )
+    torch.manual_seed(3)
+    torch.nn.init.normal_(p.net.head[-1].weight)
+    p.double()
+    p.net.branches = "graph"
+    for spec, sd in members[-1:] + members[2:3]:  # the transformer, the residual cnn
+        fn = lambda s, spec=spec: p.predict([(spec, s)])  # noqa: E731
+        assert invariance_error(fn, spec, sd, seeds=(6,)) <= 1e-5
+        assert_sensitive(fn, spec, sd, min_change=1e-10)
+    p.net.branches = "both"
+    p.save(tmp_path / "thirds.safetensors")
+    q = load(tmp_path / "thirds.safetensors")
+    assert (q.net.readout, q.net.aggregate, q.net.inputs) == (readout, aggregate, inputs)
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+def test_bad_readout_is_a_one_line_error():
+    with pytest.raises(WsymInputError, match="readout is one of"):
+        ParkNet(readout="layers")
+    with pytest.raises(WsymInputError, match="inputs one of"):
+        ParkNet(inputs="ranked")
+
+
 def test_boost_target_of_a_member_moves_exactly_with_its_own_target():
     """Out of fold: the statistics that predict member i never saw its target."""
     from wsym.metanet.fit import FitConfig

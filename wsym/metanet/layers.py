@@ -72,11 +72,65 @@ class EdgeNodeConv(MessagePassing):
         return mlp(torch.cat([x_j, e], dim=-1))
 
 
-class TypedEncoder(nn.Module):
-    """Standardize features per type, then ``Linear(x) * (1 + gamma[type]) + beta[type]``."""
+class RoleConv(nn.Module):
+    r"""One round of edge and node updates whose messages are averaged *per edge role*.
 
-    def __init__(self, types: int, width: int, hidden: int):
+    :class:`EdgeNodeConv` averages all messages into a node: where one role has many
+    more edges than another (a transformer's residual-stream unit receives the
+    weights of every block and the attention products), the mean is that role's.
+    Here each direction's messages are averaged within each of ``roles`` roles and
+    the per-role means concatenated (an absent role gives zeros):
+
+    .. math::
+        h_j \leftarrow h_j + \phi_h\big([h_j,\ (\mathrm{mean}_{i \to j,\ r_{ij} = r}
+        \psi_f([h_i, e_{ij}]))_{r},\ (\mathrm{mean}_{j \to k,\ r_{jk} = r}
+        \psi_b([h_k, e_{jk}]))_{r}]\big).
+
+    Roles are invariant labels of edges, so the layer is as permutation equivariant
+    as :class:`EdgeNodeConv`.
+
+    Example:
+        >>> conv = RoleConv(8, roles=2)
+        >>> h, e = torch.randn(4, 8), torch.randn(3, 8)
+        >>> ei, role = torch.tensor([[0, 1, 2], [3, 3, 0]]), torch.tensor([0, 1, 1])
+        >>> [t.shape for t in conv(h, ei, e, role)]
+        [torch.Size([4, 8]), torch.Size([3, 8])]
+    """
+
+    def __init__(self, hidden: int, roles: int):
         super().__init__()
+        self.roles = roles
+        self.edge = mlp(3 * hidden, hidden, hidden)
+        self.forward_msg = mlp(2 * hidden, hidden, hidden)
+        self.backward_msg = mlp(2 * hidden, hidden, hidden)
+        self.node = mlp((1 + 2 * roles) * hidden, hidden, hidden)
+        self.norm_h, self.norm_e = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, role: Tensor):
+        """Updated ``(h (N, H), e (E, H))``; ``role (E,)`` in ``[0, roles)``."""
+        src, dst = edge_index
+        n, r = len(h), self.roles
+        e = self.norm_e(e + self.edge(torch.cat([h[src], h[dst], e], dim=-1)))
+        fwd = self.forward_msg(torch.cat([h[src], e], dim=-1))
+        bwd = self.backward_msg(torch.cat([h[dst], e], dim=-1))
+        fwd = scatter(fwd, dst * r + role, 0, dim_size=n * r, reduce="mean").view(n, -1)
+        bwd = scatter(bwd, src * r + role, 0, dim_size=n * r, reduce="mean").view(n, -1)
+        h = self.norm_h(h + self.node(torch.cat([h, fwd, bwd], dim=-1)))
+        return h, e
+
+
+class TypedEncoder(nn.Module):
+    r"""Standardize features per type, then ``Linear(x) * (1 + gamma[type]) + beta[type]``.
+
+    With ``squash``, the standardized features pass through :math:`\operatorname{asinh}`
+    first: linear within a standard deviation, logarithmic beyond, so a family whose
+    features sit tens of deviations out (a transformer's canonical weights against the
+    MLPs' that dominate the role's statistics) does not saturate the network.
+    """
+
+    def __init__(self, types: int, width: int, hidden: int, squash: bool = False):
+        super().__init__()
+        self.squash = squash
         self.lin = nn.Linear(width, hidden)
         self.gamma, self.beta = nn.Embedding(types, hidden), nn.Embedding(types, hidden)
         nn.init.zeros_(self.gamma.weight)
@@ -93,7 +147,8 @@ class TypedEncoder(nn.Module):
         self.std.copy_(var.sqrt().clamp(min=1e-8))
 
     def forward(self, x: Tensor, types: Tensor) -> Tensor:  # noqa: D102
-        z = self.lin((x - self.mean[types]) / self.std[types])
+        z = (x - self.mean[types]) / self.std[types]
+        z = self.lin(torch.asinh(z) if self.squash else z)
         return z * (1 + self.gamma(types)) + self.beta(types)
 
 

@@ -55,7 +55,7 @@ from wsym.detect import detect
 from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.metanet.invariant import invariant_form
-from wsym.metanet.layers import EdgeNodeConv, TypedEncoder, mlp
+from wsym.metanet.layers import EdgeNodeConv, RoleConv, TypedEncoder, mlp
 from wsym.metanet.statistics import QuantileNormal, StatisticsEnsemble
 from wsym.metanet.universal import (
     ATTR_ROLES,
@@ -75,6 +75,10 @@ from wsym.metanet.universal import (
 PARK_FORMAT = "park-1"
 BRANCHES = ("both", "stats", "graph")
 COMBINE = ("blend", "residual", "joint", "boost")
+READOUTS = ("roles", "thirds")
+AGGREGATES = ("mean", "roles")
+INPUTS = ("standard", "squashed")
+THIRDS = 3  # depth / forward-order buckets of the "thirds" readout
 
 
 class ParkNet(nn.Module):
@@ -91,6 +95,16 @@ class ParkNet(nn.Module):
             statistics (a shared readout: message passing adds to what they say).
         paths: the readout also reads the quantile-normalized cross-layer path
             features ``path_x`` (:mod:`wsym.metanet.universal`), which the statistics lack.
+        readout: ``"roles"`` (mean and max of the input, hidden and output nodes, mean
+            of the edges of each role) or ``"thirds"`` (the hidden nodes split by depth
+            third, the edges of each role by the third of the forward order they sit
+            in: a layer-resolved readout; depth and order are invariant labels).
+        aggregate: ``"mean"`` (:class:`~wsym.metanet.layers.EdgeNodeConv`: one mean over
+            all incoming / outgoing messages) or ``"roles"``
+            (:class:`~wsym.metanet.layers.RoleConv`: one mean per edge role).
+        inputs: ``"standard"`` (node, attribute and edge features standardized per role)
+            or ``"squashed"`` (then through asinh: robust to a family's heavy tails;
+            :class:`~wsym.metanet.layers.TypedEncoder`).
     """
 
     def __init__(
@@ -105,20 +119,36 @@ class ParkNet(nn.Module):
         combine: str = "blend",
         stat_readout: bool = False,
         paths: bool = False,
+        readout: str = "roles",
+        aggregate: str = "mean",
+        inputs: str = "standard",
     ):
         super().__init__()
         if branches not in BRANCHES:
             raise WsymInputError(f"branches must be one of {', '.join(BRANCHES)}, got {branches!r}")
         if combine not in COMBINE:
             raise WsymInputError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
+        if readout not in READOUTS or aggregate not in AGGREGATES or inputs not in INPUTS:
+            raise WsymInputError(
+                f"readout is one of {', '.join(READOUTS)}, aggregate one of "
+                f"{', '.join(AGGREGATES)} and inputs one of {', '.join(INPUTS)}, got "
+                f"{readout!r}, {aggregate!r} and {inputs!r}"
+            )
         self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
-        self.paths = paths
+        self.paths, self.readout, self.aggregate = paths, readout, aggregate
         self.register_buffer("graph_weight", torch.tensor(0.5))
-        self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden)
-        self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden)
-        self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden)
-        self.convs = nn.ModuleList(EdgeNodeConv(hidden) for _ in range(layers))
-        pooled = (2 * len(NODE_GROUPS) + len(EDGE_ROLES)) * hidden + DESCRIPTORS
+        squash, self.inputs = inputs == "squashed", inputs
+        self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden, squash)
+        self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden, squash)
+        self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden, squash)
+        roles = len(EDGE_ROLES)
+        self.convs = nn.ModuleList(
+            RoleConv(hidden, roles) if aggregate == "roles" else EdgeNodeConv(hidden)
+            for _ in range(layers)
+        )
+        thirds = THIRDS if readout == "thirds" else 1
+        groups = len(NODE_GROUPS) - 1 + thirds  # the hidden group split in thirds
+        pooled = (2 * groups + roles * thirds) * hidden + DESCRIPTORS
         if paths:
             self.path_normal = QuantileNormal(PATH_WIDTH)
             pooled += PATH_WIDTH
@@ -176,18 +206,32 @@ class ParkNet(nn.Module):
         h = h + scatter(a, batch.attr_node, 0, dim_size=n, reduce="sum")
         e = self.edge_enc(batch.edge_x.to(dtype), batch.edge_role)
         for conv in self.convs:
-            h, e = conv(h, batch.edge_index, e)
-        groups = batch.batch * len(NODE_GROUPS) + batch.node_group
-        size = b * len(NODE_GROUPS)
+            if self.aggregate == "roles":
+                h, e = conv(h, batch.edge_index, e, batch.edge_role)
+            else:
+                h, e = conv(h, batch.edge_index, e)
+        group, k = batch.node_group, len(NODE_GROUPS)
+        roles, r = batch.edge_role, len(EDGE_ROLES)
+        if self.readout == "thirds":  # node_x[:, 0]: depth fraction; edge_x[:, 6]: order
+            third = _third(batch.node_x[:, 0])
+            group = torch.where(group == 2, k + THIRDS - 2, group + (group == 1) * third)
+            k = k - 1 + THIRDS
+            roles, r = roles * THIRDS + _third(batch.edge_x[:, 6]), r * THIRDS
+        groups, size = batch.batch * k + group, b * k
         mean = scatter(h, groups, 0, dim_size=size, reduce="mean")
         top = scatter(h, groups, 0, dim_size=size, reduce="max")
-        roles = batch.batch[batch.edge_index[1]] * len(EDGE_ROLES) + batch.edge_role
-        edges = scatter(e, roles, 0, dim_size=b * len(EDGE_ROLES), reduce="mean")
+        roles = batch.batch[batch.edge_index[1]] * r + roles
+        edges = scatter(e, roles, 0, dim_size=b * r, reduce="mean")
         pooled = [mean.view(b, -1), top.view(b, -1), edges.view(b, -1), batch.graph_x.to(dtype)]
         if self.paths:
             knots = self.path_normal.knots.dtype
             pooled.append(self.path_normal(batch.path_x.to(knots)).to(dtype))
         return torch.cat(pooled, dim=1)
+
+
+def _third(fraction: Tensor) -> Tensor:
+    """``(n,)`` bucket 0, 1 or 2 of fractions in ``[0, 1]`` (1 falls in the last)."""
+    return (fraction.double() * THIRDS).floor().long().clamp(0, THIRDS - 1)
 
 
 _KEYS: dict[int, tuple[SymmetrySpec, str]] = {}
@@ -358,6 +402,9 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config.get("combine", "blend"),
         config.get("stat_readout", False),
         config.get("paths", False),
+        config.get("readout", "roles"),
+        config.get("aggregate", "mean"),
+        config.get("inputs", "standard"),
     )
 
 

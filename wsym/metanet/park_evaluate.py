@@ -157,6 +157,7 @@ def evaluate_park(
     seeds=(0, 1, 2),
     options: dict | None = None,
     progress: bool = False,
+    caches: dict | None = None,
 ) -> dict:
     """Fit and score every predictor (see the module doc); a JSON-ready report.
 
@@ -168,6 +169,9 @@ def evaluate_park(
         seeds: training seeds.
         options: the park metanets' options (:func:`~wsym.metanet.park_fit.fit_park`).
         progress: a bar over the fits on stderr.
+        caches: ``{"canonical": {...}, "raw": {...}}``, the prepared graphs of
+            :class:`~wsym.metanet.park_baselines.ParkMetanet` (filled here; pass one
+            filled before to skip preparing them again).
 
     Returns:
         ``{"members": {split: n}, "rows": {row: {"claims", (split, target): [tau per seed],
@@ -187,7 +191,7 @@ def evaluate_park(
         if family not in seen:
             seen.add(family)
             probes.append((spec, sd))
-    caches: dict = {}
+    caches = {} if caches is None else caches
     factories = park_predictors(names, options, caches)
     timing, rates = {}, {}
     if {"park", "residual"} & set(names):

@@ -68,6 +68,9 @@ def fit_park(
     target_transform: str = "standard",
     stat_readout: bool = False,
     paths: bool = False,
+    readout: str = "roles",
+    aggregate: str = "mean",
+    inputs: str = "standard",
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
@@ -91,6 +94,10 @@ def fit_park(
         stat_readout: the graph branch's readout also reads the statistics
             (:class:`~wsym.metanet.park.ParkNet`).
         paths: the graph branch's readout also reads the cross-layer path features.
+        readout: the graph branch's readout, ``"roles"`` or ``"thirds"``
+            (:class:`~wsym.metanet.park.ParkNet`).
+        aggregate: its message aggregation, ``"mean"`` or ``"roles"``.
+        inputs: its input scaling, ``"standard"`` or ``"squashed"`` (asinh after standardizing).
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
@@ -120,6 +127,9 @@ def fit_park(
         "target_transform": target_transform,
         "stat_readout": stat_readout,
         "paths": paths,
+        "readout": readout,
+        "aggregate": aggregate,
+        "inputs": inputs,
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
