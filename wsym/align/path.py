@@ -43,7 +43,15 @@ GRID = tuple(i / 10 for i in range(1, 10))
 
 
 def fitted_groups(spec: SymmetrySpec) -> list[int]:
-    """The groups the path fit moves: continuous, not translations."""
+    """The groups the path fit moves: continuous, not translations.
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> [spec.groups[i].kind for i in fitted_groups(spec)]
+        ['scaling']
+    """
     return [
         i for i, g in enumerate(spec.groups) if kind_of(g).continuous and not kind_of(g).additive
     ]
