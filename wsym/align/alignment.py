@@ -64,6 +64,8 @@ RESIDUAL = ("permutation", "rotation")
 # biases="auto": the biases of units that do not read a normalization's output are left out of
 # weight matching's pairing scores (wsym.align.biases); "matched": every parameter is in them.
 BIASES = ("auto", "matched")
+# refine="path": the continuous groups then fitted to the loss along the path (wsym.align.path)
+REFINE = ("none", "path")
 DATA_METHODS = ("activations", "activations+weights")
 # continuous="reference" matches raw weights where both checkpoints are near their balanced
 # point: every unit within this factor (log) of its balanced scale, every GL block's balancing
@@ -84,6 +86,8 @@ def align(
     continuous: str = "reference",
     residual: str = "permutation",
     biases: str = "auto",
+    refine: str = "none",
+    loss_fn=None,
     model: torch.nn.Module | None = None,
     batches=None,
     max_iter: int = 100,
@@ -121,6 +125,13 @@ def align(
             normalization's output (:mod:`wsym.align.biases`; they still move with their
             units and count in the continuous fits and the objective); ``"matched"``:
             every parameter is in the scores (the previous default).
+        refine: ``"none"`` (default) or ``"path"``: after the alignment, the
+            continuous groups (scales, GL and orthogonal blocks, the residual
+            rotation) are fitted by gradient descent to the loss along the linear
+            path from ``sd_ref`` (:mod:`wsym.align.path`; needs ``model`` and
+            ``batches`` with targets); kept only where it lowers that loss.
+        loss_fn: ``loss_fn(outputs, targets)`` for ``refine="path"`` (default
+            cross-entropy).
         model: the module (activation matching runs it at both state dicts).
         batches: iterable of ``(inputs, targets)``; only the inputs are used.
         max_iter: sweeps of weight matching.
@@ -153,10 +164,16 @@ def align(
     _check_residual(residual, continuous, model, batches)
     if biases not in BIASES:
         raise WsymInputError(f"unknown biases {biases!r}; use one of {', '.join(BIASES)}")
+    _check_refine(refine, continuous, model, batches)
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
+    path_loss = None
+    if refine == "path":
+        path_loss = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
     if residual == "rotation":
-        moved = _rotation_alignment(spec, _float64(sd_ref), _float64(sd_other), method, **options)
+        moved = _rotation_alignment(
+            spec, _float64(sd_ref), _float64(sd_other), method, path_loss=path_loss, **options
+        )
         return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
     if (
         continuous == "reference"
@@ -170,11 +187,15 @@ def align(
         other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
         unmatched = unmatched_biases(spec) if biases == "auto" else frozenset()
         moved = reference_alignment(spec, ref, other, method, unmatched=unmatched, **options)
+        if path_loss is not None:
+            moved = _refined(spec, model, ref, moved, batches, path_loss, seed)
         moved = act(spec, g_ref.inverse(), moved)
     else:
         moved = _canonical_alignment(spec, sd_ref, sd_other, method, **options)
         if continuous == "canonical+reference":
             moved = reference_alignment(spec, _float64(sd_ref), moved, method, **options)
+            if path_loss is not None:
+                moved = _refined(spec, model, _float64(sd_ref), moved, batches, path_loss, seed)
     return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
 
 
@@ -244,7 +265,9 @@ def reference_alignment(
     return best
 
 
-def _rotation_alignment(spec: SymmetrySpec, ref: dict, other: dict, method: str, **options) -> dict:
+def _rotation_alignment(
+    spec: SymmetrySpec, ref: dict, other: dict, method: str, path_loss=None, **options
+) -> dict:
     """``other`` (float64) aligned with its pre-LN residual streams rotated (:mod:`.residual`).
 
     Both are folded (every stream norm's gain 1, an element of ``spec`` each), the
@@ -280,7 +303,20 @@ def _rotation_alignment(spec: SymmetrySpec, ref: dict, other: dict, method: str,
             value = mismatch(frame.work, ref_f, cur)
             if start - value <= ROUND_TOL * max(start, 1e-300):
                 break
+    if path_loss is not None:
+        centered = frozenset(i for i, s in zip(frame.rotations, streams, strict=True) if s.centered)
+        cur = _refined(
+            frame.rotated, model, ref_f, cur, batches, path_loss, options["seed"], centered
+        )
     return act(spec, fold_ref.inverse(), cur)
+
+
+def _refined(spec, model, ref, cur, batches, loss_fn, seed, centered=frozenset()) -> dict:
+    """``cur`` moved by the continuous groups fitted to the path (:func:`.path.path_fit`)."""
+    from wsym.align.path import path_fit
+
+    comps = path_fit(spec, model, ref, cur, batches, loss_fn, centered=centered, seed=seed)
+    return act(spec, GroupElement(tuple(comps)), cur)
 
 
 def _check_residual(residual: str, continuous: str, model, batches) -> None:
@@ -296,6 +332,17 @@ def _check_residual(residual: str, continuous: str, model, batches) -> None:
         raise WsymInputError(
             "residual='rotation' needs model= and batches= (the rotation is verified on the "
             "model); or use residual='permutation'"
+        )
+
+
+def _check_refine(refine: str, continuous: str, model, batches) -> None:
+    if refine not in REFINE:
+        raise WsymInputError(f"unknown refinement {refine!r}; use one of {', '.join(REFINE)}")
+    if refine == "path" and continuous != "reference":
+        raise WsymInputError(f"refine='path' works with continuous='reference', not {continuous!r}")
+    if refine == "path" and (model is None or not batches):
+        raise WsymInputError(
+            "refine='path' needs model= and batches= of (inputs, targets); or use refine='none'"
         )
 
 
