@@ -161,10 +161,18 @@ def align(
         raise WsymInputError(
             f"method={method!r} needs model= and batches=; or use method='weights'"
         )
-    _check_residual(residual, continuous, model, batches)
+    checked = (continuous, model, batches)
+    _check_option(
+        "residual",
+        residual,
+        RESIDUAL,
+        "residual alignment",
+        " (the rotation is verified on the model)",
+        *checked,
+    )
     if biases not in BIASES:
         raise WsymInputError(f"unknown biases {biases!r}; use one of {', '.join(BIASES)}")
-    _check_refine(refine, continuous, model, batches)
+    _check_option("refine", refine, REFINE, "refinement", " of (inputs, targets)", *checked)
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
     path_loss = None
@@ -319,30 +327,23 @@ def _refined(spec, model, ref, cur, batches, loss_fn, seed, centered=frozenset()
     return act(spec, GroupElement(tuple(comps)), cur)
 
 
-def _check_residual(residual: str, continuous: str, model, batches) -> None:
-    if residual not in RESIDUAL:
-        raise WsymInputError(
-            f"unknown residual alignment {residual!r}; use one of {', '.join(RESIDUAL)}"
-        )
-    if residual == "rotation" and continuous != "reference":
-        raise WsymInputError(
-            f"residual='rotation' works with continuous='reference', not {continuous!r}"
-        )
-    if residual == "rotation" and (model is None or not batches):
-        raise WsymInputError(
-            "residual='rotation' needs model= and batches= (the rotation is verified on the "
-            "model); or use residual='permutation'"
-        )
+def _check_option(name, value, choices, noun, needs, continuous, model, batches) -> None:
+    """Refuse, in one line, an unknown ``value`` of the option ``name``.
 
-
-def _check_refine(refine: str, continuous: str, model, batches) -> None:
-    if refine not in REFINE:
-        raise WsymInputError(f"unknown refinement {refine!r}; use one of {', '.join(REFINE)}")
-    if refine == "path" and continuous != "reference":
-        raise WsymInputError(f"refine='path' works with continuous='reference', not {continuous!r}")
-    if refine == "path" and (model is None or not batches):
+    Its non-default values (``choices[1:]``) also need ``continuous="reference"``,
+    the model and ``batches`` (``needs`` says what for).
+    """
+    if value not in choices:
+        raise WsymInputError(f"unknown {noun} {value!r}; use one of {', '.join(choices)}")
+    if value == choices[0]:
+        return
+    if continuous != "reference":
         raise WsymInputError(
-            "refine='path' needs model= and batches= of (inputs, targets); or use refine='none'"
+            f"{name}={value!r} works with continuous='reference', not {continuous!r}"
+        )
+    if model is None or not batches:
+        raise WsymInputError(
+            f"{name}={value!r} needs model= and batches={needs}; or use {name}={choices[0]!r}"
         )
 
 
