@@ -118,3 +118,29 @@ def test_fused_attention_kernel_is_exported_instead():
     with pytest.raises(RuntimeError, match="fused inference kernel"):
         record(mha, (torch.randn(2, 3, 8),), {})
     assert record_trace(mha, torch.randn(2, 3, 8)).program is not None
+
+
+class SplitAfterInPlace(nn.Module):
+    """timm's MixedConv2d: channels split after an in-place activation, one conv per part."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.parts = nn.ModuleList([nn.Conv2d(4, 6, 1), nn.Conv2d(4, 6, 3, padding=1)])
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x):
+        h = torch.relu_(self.stem(x))  # the split's views share the written counter
+        h = torch.cat([c(p) for c, p in zip(self.parts, torch.split(h, 4, 1), strict=True)], 1)
+        return self.head(h.relu().mean((2, 3)))
+
+
+def test_views_split_after_an_in_place_write_are_recorded():
+    """The views a split returns carry their base's version: no fallback to torch.export."""
+    model, x = SplitAfterInPlace().eval(), torch.randn(2, 3, 5, 5)
+    traced = record_trace(model, x)
+    assert traced.program is None  # recorded, not exported
+    table = lambda t: sorted(  # noqa: E731
+        (g.kind, g.size, tuple(sorted(g.params))) for g in find_candidates(t, model).groups
+    )
+    assert table(traced) == table(trace(model, x))

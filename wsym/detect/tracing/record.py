@@ -219,14 +219,21 @@ def _versions_after(func, args, out) -> list[int]:
     Autograd's in-place and view layer (above this mode) bumps a written
     tensor's counter and gives a view its base's counter only after
     ``__torch_dispatch__`` returns, so both are read off the schema: an output
-    aliasing an input has that input's version (plus one if written).
+    aliasing an input has that input's version (plus one if written). A list of views
+    (``split``, ``unbind``: ``Tensor(a -> *) self -> Tensor(a)[]``, whose schema
+    keeps the alias on the list's elements, out of reach) has the viewed input's.
     """
-    inputs = {}
+    inputs, spread = {}, None
     for a, spec in zip(args, func._schema.arguments, strict=False):
         if isinstance(a, torch.Tensor) and spec.alias_info is not None:
             for name in spec.alias_info.before_set:
                 inputs[name] = (a, spec.alias_info.is_write)
+            if "*" in spec.alias_info.after_set and not spec.alias_info.is_write:
+                spread = a
     outs = list(out) if isinstance(out, list | tuple) else [out]
+    returns = func._schema.returns
+    if spread is not None and len(returns) == 1 and str(returns[0].type) == "List[Tensor]":
+        return [_version(spread)] * len(outs)
     versions = []
     for i, o in enumerate(outs):
         ret = func._schema.returns[i] if i < len(func._schema.returns) else None
