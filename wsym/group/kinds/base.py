@@ -435,7 +435,7 @@ def _joined_map(flat, fs, by_cls: dict, maps: dict) -> tuple[Tensor, Tensor, set
             signature = tuple((id(fs[k][1]), fs[k][3](leaf)) for k in on)
             memo = (leaf.cls, leaf.size, leaf.relabel, signature)
             if memo not in maps:
-                maps[memo] = _leaf_map(leaf, [fs[k] for k in on])
+                maps[memo] = _leaf_map(leaf, [fs[k] for k in on], maps)
             index, factor = maps[memo]
             modes.update(fs[k][2] for k in on)
         indices.append(index)
@@ -451,7 +451,7 @@ def _identity(n: int, maps: dict) -> tuple[Tensor, Tensor]:
     return maps["identity", n]
 
 
-def _leaf_map(leaf, parts) -> tuple[Tensor, Tensor]:
+def _leaf_map(leaf, parts, maps: dict) -> tuple[Tensor, Tensor]:
     """``(index, factor)`` of ``parts`` along one leaf, from their :meth:`Kind.block_fn` calls.
 
     On ``arange`` and ones, in order: reorderings move both, products multiply the
@@ -459,8 +459,7 @@ def _leaf_map(leaf, parts) -> tuple[Tensor, Tensor]:
     """
     if leaf.relabel:  # read in the class's order, as transform hands it over
         return _tree_map(leaf, parts)
-    index = torch.arange(leaf.size)
-    factor = torch.ones(leaf.size, dtype=torch.float64)
+    index, factor = _identity(leaf.size, maps)  # never written: the calls return new tensors
     lv = [leaf]
     for _, f, mode, _ in parts:
         if mode == "index":
