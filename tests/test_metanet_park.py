@@ -261,6 +261,19 @@ def test_auxiliary_targets_are_trained_and_never_predicted(detected, tmp_path):
         fit_park(members, y, epochs=1, stat_epochs=2, hidden=8, auxiliary=aux)
 
 
+def test_joint_ensemble_blends_trees_where_the_statistics_do(detected):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="joint", trees=5)
+    assert len(p.net.stats.trees) == len(p.net.joint.trees) == 1
+    assert p.net.joint.trees[0].value.abs().sum() > 0  # fitted
+    p.net.graph_weight.fill_(1.0)
+    p.double()
+    spec, sd = members[-1]
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(8,)) <= 1e-5
+
+
 def test_cross_folds_partition_the_members():
     from wsym.metanet.park_fit import cross_folds
 

@@ -22,7 +22,10 @@ as long as the statistics branch is: the readout's features get a readout as
 well trained as the statistics') or ``"boost"`` (:math:`s + \beta\,g`: the graph
 branch fitted to the *out-of-fold* residuals of the statistics branch, so it
 learns what the statistics miss on members they were not trained on, not the
-near-zero residual of members they were fitted to).
+near-zero residual of members they were fitted to) or ``"stack"`` (``"joint"``
+cross-fitted: :data:`FOLDS` graph branches, each trained on all members but one
+fold, each with its joint ensemble trained on that fold, so the ensembles read
+the readout of members its graph branch never saw; their mean).
 
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
@@ -89,10 +92,12 @@ class ParkNet(nn.Module):
     Args:
         hidden: width; layers: message-passing rounds; outputs: targets.
         stat_hidden, members: the statistics branch's width and ensemble size.
-        trees: boosting stages of the trees blended into the statistics branch (0: none).
+        trees: boosting stages of the trees blended into the statistics branch and the joint
+            ensemble (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"``, ``"residual"``, ``"joint"`` or ``"boost"`` (how two branches
-            are combined).
+        combine: ``"blend"``, ``"residual"``, ``"joint"``, ``"boost"`` or ``"stack"`` (how
+            two branches are combined; ``"stack"``: :data:`FOLDS` graph branches, each with
+            its joint ensemble trained on the members that graph branch was not, averaged).
         stat_readout: the graph branch's readout also reads the quantile-normalized
             statistics (a shared readout: message passing adds to what they say).
         paths: the readout also reads the quantile-normalized cross-layer path
@@ -107,6 +112,11 @@ class ParkNet(nn.Module):
         inputs: ``"standard"`` (node, attribute and edge features standardized per role)
             or ``"squashed"`` (then through asinh: robust to a family's heavy tails;
             :class:`~wsym.metanet.layers.TypedEncoder`).
+        stats_members: the statistics branch's ensemble size where it differs from the
+            joint ensemble's ``members`` (the folds of ``"stack"`` keep one, unused).
+        joint_reads: what the joint ensemble reads besides the statistics (:meth:`joint_inputs`).
+        auxiliary: extra outputs of the graph head, trained and never predicted
+            (:func:`~wsym.metanet.park_fit.fit_park`'s ``auxiliary``).
     """
 
     def __init__(
@@ -169,7 +179,9 @@ class ParkNet(nn.Module):
         )
         if combine == "joint":
             read = {"readout": pooled, "head": hidden, "prediction": outputs}[joint_reads]
-            self.joint = StatisticsEnsemble(STAT_WIDTH + read, stat_hidden, members, outputs)
+            self.joint = StatisticsEnsemble(
+                STAT_WIDTH + read, stat_hidden, members, outputs, trees=trees
+            )
         if combine == "stack":  # FOLDS graph branches, each with a joint ensemble on the others
             self.folds = nn.ModuleList(
                 ParkNet(

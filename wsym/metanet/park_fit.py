@@ -12,7 +12,10 @@ ensemble on the statistics and the graph branch's frozen readout, and weighs
 that against the statistics branch on the validation members; ``"boost"``
 trains the graph branch on the statistics branch's *out-of-fold* residuals
 (``5`` copies of it, each trained on four fifths of the members, predict the
-fifth) and adds it with a weight picked on the validation members.
+fifth) and adds it with a weight picked on the validation members;
+``"stack"`` cross-fits ``"joint"`` (:func:`cross_folds`: each fold's joint
+ensemble is trained on the readout of a graph branch trained on the other
+folds, then weighed against the statistics branch likewise).
 One branch alone: ``"stats"``, ``"graph"``. Targets are
 standardized (``target_transform="standard"``) or first mapped to their
 normal scores (``"rank"``: the rank-based inverse normal transform, robust
@@ -91,7 +94,8 @@ def fit_park(
         target_names: names of the target columns (stored with the predictor).
         seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"``, ``"residual"``, ``"joint"`` or ``"boost"`` (see the module doc).
+        combine: ``"blend"``, ``"residual"``, ``"joint"``, ``"boost"`` or ``"stack"`` (see the
+            module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
         stat_readout: the graph branch's readout also reads the statistics
             (:class:`~wsym.metanet.park.ParkNet`).
