@@ -81,6 +81,8 @@ def park_options(args) -> dict:
         "readout": args.readout,
         "aggregate": args.aggregate,
         "inputs": args.inputs,
+        "joint_reads": args.joint_reads,
+        "batch_size": args.batch_size,
     }
 
 
@@ -200,7 +202,10 @@ def main() -> None:  # noqa: D103
         "--stat-readout", action="store_true", help="graph readout also reads the statistics"
     )
     parser.add_argument(
-        "--combine", default="blend", choices=("blend", "joint", "boost"), help="the park metanet's"
+        "--combine",
+        default="blend",
+        choices=("blend", "joint", "boost", "stack"),
+        help="the park metanet's",
     )
     parser.add_argument(
         "--targets", default=",".join(TARGETS), help="comma list of " + ",".join(TARGETS)
@@ -217,6 +222,13 @@ def main() -> None:  # noqa: D103
     parser.add_argument(
         "--inputs", default="standard", choices=("standard", "squashed"), help="graph input scaling"
     )
+    parser.add_argument(
+        "--joint-reads",
+        default="readout",
+        choices=("readout", "head", "prediction"),
+        help="what the joint ensemble reads of the graph branch",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="graphs per graph-branch step")
     parser.add_argument(
         "--graph-cache", metavar="FILE", help="invariant graphs stored here (read if present)"
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import time
 
@@ -55,6 +56,26 @@ def prepared(zoo: str, cap: int | None, cache: str) -> tuple[dict, dict, dict]:
     return out
 
 
+LOG_COLUMNS = ("lr", "init_scale", "batch_size", "epochs", "steps", "train_loss")
+
+
+def auxiliary_columns(zoo: str, y_train: list, names: list) -> dict:
+    """``{name: values}`` of the training members (log scale for ``LOG_COLUMNS``).
+
+    The cached training members are the zoo's ``train`` rows in table order less the
+    diverged ones: matched to the rows by their test accuracy, in order.
+    """
+    rows, out = [r for r in load(zoo).table if r["split"] == "train"], []
+    for r in rows:
+        if len(out) < len(y_train) and float(r["test_acc"]) == y_train[len(out)]:
+            out.append(r)
+    assert len(out) == len(y_train), "training members not matched to the zoo's rows"
+    return {
+        k: [math.log(float(r[k]) + 1e-12) if k in LOG_COLUMNS else float(r[k]) for r in out]
+        for k in names
+    }
+
+
 def without_products(graphs: list) -> list:
     """Copies of ``graphs`` without the attention-product (qk, vo) edges."""
     out = []
@@ -74,7 +95,7 @@ def scores(p, graphs: dict, y: dict, families: dict) -> dict:
     net, row = p.net, {}
     for branch in ("stats", "graph", "both"):
         net.branches = branch
-        for s in ("test", "test_arch"):
+        for s in ("train", "test", "test_arch"):
             pred, truth = p.predict_graphs(graphs[s]), torch.tensor(y[s])
             row[(branch, s)] = kendall_tau(truth, pred)
             for fam in FAMILIES:
@@ -136,6 +157,8 @@ def main() -> None:  # noqa: D103
             if not opts.pop("products", 1)
             else graphs
         )
+        if "auxiliary" in opts:
+            opts["auxiliary"] = auxiliary_columns(a.zoo, y["train"], opts["auxiliary"])
         start = time.perf_counter()
         p = fit_park(
             g["train"],
@@ -163,7 +186,8 @@ def main() -> None:  # noqa: D103
                 for f in FAMILIES
             ]
             print(
-                f"   {branch:5s} test {row[(branch, 'test')]:.3f} test_arch "
+                f"   {branch:5s} train {row[(branch, 'train')]:.3f} "
+                f"test {row[(branch, 'test')]:.3f} test_arch "
                 f"{row[(branch, 'test_arch')]:.3f} | mlp / cnn / transformer "
                 + " / ".join(f"{v:.3f}" for v in fam),
                 flush=True,

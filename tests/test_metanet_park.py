@@ -179,6 +179,110 @@ def test_joint_combination_reads_the_graph_readout_invariantly_and_is_saved(dete
     assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
 
 
+def test_cross_fitted_joint_combination_is_invariant_and_saved(detected, tmp_path):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(
+        members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="stack", paths=True
+    )
+    rep = p.config["report"]
+    assert len(rep["fold_graph_val_taus"]) == len(p.net.folds) == 2
+    p.net.graph_weight.fill_(1.0)  # the folds' joint ensembles alone
+    p.double()
+    x = batch_graphs(p.graphs(members))
+    with torch.no_grad():
+        folds = [f.joint(f.joint_inputs(x)) for f in p.net.folds]
+        assert torch.allclose(p.net(x), (folds[0] + folds[1]) / 2)
+        assert not torch.allclose(folds[0], folds[1])  # two graph branches, two readouts
+    spec, sd = members[-1]  # the transformer
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(6,)) <= 1e-5
+    assert_sensitive(fn, spec, sd, min_change=1e-8)
+    p.save(tmp_path / "stack.safetensors")
+    q = load(tmp_path / "stack.safetensors")
+    assert q.net.combine == "stack"
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+@pytest.mark.parametrize("reads,width", [("head", 8), ("prediction", 1)])
+def test_joint_ensemble_reading_the_graph_head_is_invariant_and_saved(
+    detected, tmp_path, reads, width
+):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(
+        members,
+        y,
+        epochs=1,
+        stat_epochs=3,
+        hidden=8,
+        members=2,
+        combine="joint",
+        stat_readout=True,
+        joint_reads=reads,
+    )
+    x = p.net.joint_inputs(batch_graphs(p.graphs(members[:2])))
+    assert x.shape[1] == STAT_WIDTH + width == p.net.joint.members[0][1].in_features
+    p.net.graph_weight.fill_(1.0)
+    p.double()
+    spec, sd = members[-1]  # the transformer
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(7,)) <= 1e-5
+    p.save(tmp_path / "reads.safetensors")
+    q = load(tmp_path / "reads.safetensors")
+    assert q.net.joint_reads == reads
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+def test_auxiliary_targets_are_trained_and_never_predicted(detected, tmp_path):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    aux = {"lr": torch.linspace(0, 1, len(members)), "noise": torch.rand(len(members))}
+    p = fit_park(
+        members[2:],
+        y[2:],
+        validation=(members[:2], y[:2]),
+        epochs=1,
+        stat_epochs=3,
+        hidden=8,
+        members=2,
+        combine="joint",
+        auxiliary={k: v[2:] for k, v in aux.items()},
+    )
+    assert p.config["auxiliary"] == ["lr", "noise"]
+    assert p.net.head[-1].out_features == 3 and p.predict(members).shape == (len(members),)
+    p.net.train()
+    assert p.net.graph_branch(batch_graphs(p.graphs(members))).shape == (len(members), 3)
+    p.net.eval()
+    p.save(tmp_path / "aux.safetensors")
+    q = load(tmp_path / "aux.safetensors")
+    assert torch.allclose(q.predict(members), p.predict(members), rtol=1e-6)
+    with pytest.raises(WsymInputError, match="auxiliary"):
+        fit_park(members, y, epochs=1, stat_epochs=2, hidden=8, auxiliary=aux)
+
+
+def test_joint_ensemble_blends_trees_where_the_statistics_do(detected):
+    members = _members(detected, copies=3)
+    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    p = fit_park(members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="joint", trees=5)
+    assert len(p.net.stats.trees) == len(p.net.joint.trees) == 1
+    assert p.net.joint.trees[0].value.abs().sum() > 0  # fitted
+    p.net.graph_weight.fill_(1.0)
+    p.double()
+    spec, sd = members[-1]
+    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    assert invariance_error(fn, spec, sd, seeds=(8,)) <= 1e-5
+
+
+def test_cross_folds_partition_the_members():
+    from wsym.metanet.park_fit import cross_folds
+
+    held = cross_folds(11, 2, seed=3)
+    assert [len(h) for h in held] == [6, 5]
+    assert sorted(torch.cat(held).tolist()) == list(range(11))
+    assert torch.equal(held[0], cross_folds(11, 2, seed=3)[0])
+
+
 def test_boosted_graph_branch_with_path_features_is_invariant_and_saved(detected, tmp_path):
     members = _members(detected, copies=3)
     y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])

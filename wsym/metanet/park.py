@@ -22,7 +22,10 @@ as long as the statistics branch is: the readout's features get a readout as
 well trained as the statistics') or ``"boost"`` (:math:`s + \beta\,g`: the graph
 branch fitted to the *out-of-fold* residuals of the statistics branch, so it
 learns what the statistics miss on members they were not trained on, not the
-near-zero residual of members they were fitted to).
+near-zero residual of members they were fitted to) or ``"stack"`` (``"joint"``
+cross-fitted: :data:`FOLDS` graph branches, each trained on all members but one
+fold, each with its joint ensemble trained on that fold, so the ensembles read
+the readout of members its graph branch never saw; their mean).
 
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
@@ -74,7 +77,9 @@ from wsym.metanet.universal import (
 
 PARK_FORMAT = "park-1"
 BRANCHES = ("both", "stats", "graph")
-COMBINE = ("blend", "residual", "joint", "boost")
+COMBINE = ("blend", "residual", "joint", "boost", "stack")
+FOLDS = 2  # cross-fitting folds of combine="stack"
+JOINT_READS = ("readout", "head", "prediction")
 READOUTS = ("roles", "thirds")
 AGGREGATES = ("mean", "roles")
 INPUTS = ("standard", "squashed")
@@ -87,10 +92,12 @@ class ParkNet(nn.Module):
     Args:
         hidden: width; layers: message-passing rounds; outputs: targets.
         stat_hidden, members: the statistics branch's width and ensemble size.
-        trees: boosting stages of the trees blended into the statistics branch (0: none).
+        trees: boosting stages of the trees blended into the statistics branch and the joint
+            ensemble (0: none).
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"``, ``"residual"``, ``"joint"`` or ``"boost"`` (how two branches
-            are combined).
+        combine: ``"blend"``, ``"residual"``, ``"joint"``, ``"boost"`` or ``"stack"`` (how
+            two branches are combined; ``"stack"``: :data:`FOLDS` graph branches, each with
+            its joint ensemble trained on the members that graph branch was not, averaged).
         stat_readout: the graph branch's readout also reads the quantile-normalized
             statistics (a shared readout: message passing adds to what they say).
         paths: the readout also reads the quantile-normalized cross-layer path
@@ -105,6 +112,11 @@ class ParkNet(nn.Module):
         inputs: ``"standard"`` (node, attribute and edge features standardized per role)
             or ``"squashed"`` (then through asinh: robust to a family's heavy tails;
             :class:`~wsym.metanet.layers.TypedEncoder`).
+        stats_members: the statistics branch's ensemble size where it differs from the
+            joint ensemble's ``members`` (the folds of ``"stack"`` keep one, unused).
+        joint_reads: what the joint ensemble reads besides the statistics (:meth:`joint_inputs`).
+        auxiliary: extra outputs of the graph head, trained and never predicted
+            (:func:`~wsym.metanet.park_fit.fit_park`'s ``auxiliary``).
     """
 
     def __init__(
@@ -122,6 +134,9 @@ class ParkNet(nn.Module):
         readout: str = "roles",
         aggregate: str = "mean",
         inputs: str = "standard",
+        stats_members: int | None = None,
+        joint_reads: str = "readout",
+        auxiliary: int = 0,
     ):
         super().__init__()
         if branches not in BRANCHES:
@@ -136,6 +151,11 @@ class ParkNet(nn.Module):
             )
         self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
         self.paths, self.readout, self.aggregate = paths, readout, aggregate
+        if joint_reads not in JOINT_READS:
+            raise WsymInputError(
+                f"joint_reads is one of {', '.join(JOINT_READS)}, got {joint_reads!r}"
+            )
+        self.joint_reads, self.outputs, self.auxiliary = joint_reads, outputs, auxiliary
         self.register_buffer("graph_weight", torch.tensor(0.5))
         squash, self.inputs = inputs == "squashed", inputs
         self.node_enc = TypedEncoder(1, NODE_WIDTH, hidden, squash)
@@ -152,10 +172,38 @@ class ParkNet(nn.Module):
         if paths:
             self.path_normal = QuantileNormal(PATH_WIDTH)
             pooled += PATH_WIDTH
-        self.head = mlp(pooled + (STAT_WIDTH if stat_readout else 0), hidden, outputs)
-        self.stats = StatisticsEnsemble(STAT_WIDTH, stat_hidden, members, outputs, trees=trees)
+        head_in = pooled + (STAT_WIDTH if stat_readout else 0)
+        self.head = mlp(head_in, hidden, outputs + auxiliary)
+        self.stats = StatisticsEnsemble(
+            STAT_WIDTH, stat_hidden, stats_members or members, outputs, trees=trees
+        )
         if combine == "joint":
-            self.joint = StatisticsEnsemble(STAT_WIDTH + pooled, stat_hidden, members, outputs)
+            read = {"readout": pooled, "head": hidden, "prediction": outputs}[joint_reads]
+            self.joint = StatisticsEnsemble(
+                STAT_WIDTH + read, stat_hidden, members, outputs, trees=trees
+            )
+        if combine == "stack":  # FOLDS graph branches, each with a joint ensemble on the others
+            self.folds = nn.ModuleList(
+                ParkNet(
+                    hidden,
+                    layers,
+                    outputs,
+                    stat_hidden,
+                    members,
+                    "graph",
+                    0,
+                    "joint",
+                    stat_readout,
+                    paths,
+                    readout,
+                    aggregate,
+                    inputs,
+                    stats_members=1,
+                    joint_reads=joint_reads,
+                    auxiliary=auxiliary,
+                )
+                for _ in range(FOLDS)
+            )
 
     def fit_inputs(self, batch) -> None:
         """Per-role standardization of the raw features from the training graphs."""
@@ -165,6 +213,8 @@ class ParkNet(nn.Module):
         self.stats.normal.fit(batch.stat_x.to(self.stats.normal.knots.dtype))
         if self.paths:
             self.path_normal.fit(batch.path_x.to(self.path_normal.knots.dtype))
+        for fold in getattr(self, "folds", ()):
+            fold.fit_inputs(batch)
 
     def forward(self, batch) -> Tensor:
         """``(B, outputs)``: the branches in use, blended or added."""
@@ -173,11 +223,12 @@ class ParkNet(nn.Module):
         if self.branches == "graph":
             return self.graph_branch(batch)
         s = self.stats(batch.stat_x)
-        g = (
-            self.joint(self.joint_inputs(batch))
-            if self.combine == "joint"
-            else self.graph_branch(batch)
-        )
+        if self.combine == "stack":
+            g = torch.stack([f.joint(f.joint_inputs(batch)) for f in self.folds]).mean(0)
+        elif self.combine == "joint":
+            g = self.joint(self.joint_inputs(batch))
+        else:
+            g = self.graph_branch(batch)
         if self.combine == "residual":
             return g + s
         if self.combine == "boost":
@@ -186,16 +237,32 @@ class ParkNet(nn.Module):
         return (1 - beta) * s.to(g.dtype) + beta * g
 
     def joint_inputs(self, batch) -> Tensor:
-        """``(B, STAT_WIDTH + readout)``: the statistics and the message-passing readout."""
+        """``(B, STAT_WIDTH + k)``: the statistics and the graph branch's ``joint_reads``.
+
+        ``"readout"``: the message-passing readout (:meth:`embed`); ``"head"``: the graph
+        head's hidden layer; ``"prediction"``: the graph branch's prediction.
+        """
         knots = self.stats.normal.knots.dtype
-        return torch.cat([batch.stat_x.to(knots), self.embed(batch).to(knots)], dim=1)
+        if self.joint_reads == "readout":
+            g = self.embed(batch)
+        else:
+            g = self.head[:-1](self.head_inputs(batch))
+            g = g if self.joint_reads == "head" else self.head[-1](g)[:, : self.outputs]
+        return torch.cat([batch.stat_x.to(knots), g.to(knots)], dim=1)
 
     def graph_branch(self, batch) -> Tensor:
-        """``(B, outputs)`` the message-passing branch alone."""
+        """``(B, outputs)`` the message-passing branch alone (``"stack"``: the folds' mean)."""
+        if self.combine == "stack":
+            return torch.stack([f.graph_branch(batch) for f in self.folds]).mean(0)
+        y = self.head(self.head_inputs(batch))
+        return y if self.training else y[:, : self.outputs]  # auxiliary outputs: trained only
+
+    def head_inputs(self, batch) -> Tensor:
+        """``(B, head width)``: the readout (and the statistics where ``stat_readout``)."""
         pooled = [self.embed(batch)]
         if self.stat_readout:
             pooled.append(self.stats.normal(batch.stat_x.to(self.stats.normal.knots.dtype)))
-        return self.head(torch.cat([t.to(pooled[0].dtype) for t in pooled], dim=1))
+        return torch.cat([t.to(pooled[0].dtype) for t in pooled], dim=1)
 
     def embed(self, batch) -> Tensor:
         """``(B, readout)``: mean and max of each node group, mean per edge role, descriptors."""
@@ -405,6 +472,8 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config.get("readout", "roles"),
         config.get("aggregate", "mean"),
         config.get("inputs", "standard"),
+        joint_reads=config.get("joint_reads", "readout"),
+        auxiliary=len(config.get("auxiliary", ())),
     )
 
 

@@ -12,7 +12,10 @@ ensemble on the statistics and the graph branch's frozen readout, and weighs
 that against the statistics branch on the validation members; ``"boost"``
 trains the graph branch on the statistics branch's *out-of-fold* residuals
 (``5`` copies of it, each trained on four fifths of the members, predict the
-fifth) and adds it with a weight picked on the validation members.
+fifth) and adds it with a weight picked on the validation members;
+``"stack"`` cross-fits ``"joint"`` (:func:`cross_folds`: each fold's joint
+ensemble is trained on the readout of a graph branch trained on the other
+folds, then weighed against the statistics branch likewise).
 One branch alone: ``"stats"``, ``"graph"``. Targets are
 standardized (``target_transform="standard"``) or first mapped to their
 normal scores (``"rank"``: the rank-based inverse normal transform, robust
@@ -71,6 +74,8 @@ def fit_park(
     readout: str = "roles",
     aggregate: str = "mean",
     inputs: str = "standard",
+    joint_reads: str = "readout",
+    auxiliary: dict | None = None,
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
@@ -89,7 +94,8 @@ def fit_park(
         target_names: names of the target columns (stored with the predictor).
         seed: seeds the initialization, the batch orders and the default validation split.
         branches: ``"both"``, ``"stats"`` or ``"graph"``.
-        combine: ``"blend"``, ``"residual"``, ``"joint"`` or ``"boost"`` (see the module doc).
+        combine: ``"blend"``, ``"residual"``, ``"joint"``, ``"boost"`` or ``"stack"`` (see the
+            module doc).
         target_transform: ``"standard"`` or ``"rank"`` (see the module doc).
         stat_readout: the graph branch's readout also reads the statistics
             (:class:`~wsym.metanet.park.ParkNet`).
@@ -98,6 +104,13 @@ def fit_park(
             (:class:`~wsym.metanet.park.ParkNet`).
         aggregate: its message aggregation, ``"mean"`` or ``"roles"``.
         inputs: its input scaling, ``"standard"`` or ``"squashed"`` (asinh after standardizing).
+        joint_reads: what the joint ensemble (``combine="joint"`` / ``"stack"``) reads of the
+            graph branch besides the statistics: ``"readout"``, ``"head"`` (the head's hidden
+            layer) or ``"prediction"`` (:meth:`~wsym.metanet.park.ParkNet.joint_inputs`).
+        auxiliary: ``{name: (n,) values}`` of the training members (e.g. their training
+            hyperparameters) that the graph branch's head also learns to predict, standardized,
+            as extra outputs that are trained and never predicted: what its message passing
+            must then read from the weights.
         predictor: an untrained :class:`ParkPredictor` whose known architectures to reuse.
         graphs: prepared universal graphs of ``checkpoints`` (skips their preparation).
         val_graphs: the same for ``validation[0]``.
@@ -130,6 +143,8 @@ def fit_park(
         "readout": readout,
         "aggregate": aggregate,
         "inputs": inputs,
+        "joint_reads": joint_reads,
+        "auxiliary": sorted(auxiliary or {}),
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
@@ -153,26 +168,40 @@ def fit_park(
         # validation targets on the training scale only matter for ranking (tau)
         z_val = ((y_val - y.mean(0)) / y.std(0).clamp(min=1e-12)).float()
     stat_tau, _, stat_seconds = statistics_stage(net, x, z.float(), x_val, z_val, c, seed)
-    blend = branches == "both" and combine in ("blend", "joint")
+    blend = branches == "both" and combine in ("blend", "joint", "stack")
     boost = branches == "both" and combine == "boost"
+    stack = branches == "both" and combine == "stack"
     if blend:
         net.branches = "graph"  # trained on its own, then weighed against the statistics
     target = z
+    if auxiliary and (validation is None or boost):
+        raise WsymInputError("auxiliary targets need validation=(...) and combine other than boost")
+    if auxiliary:  # standardized extra columns of the graph branch's targets
+        a = torch.stack(
+            [torch.as_tensor(auxiliary[k], dtype=z.dtype) for k in meta["auxiliary"]], 1
+        )
+        if len(a) != len(checkpoints):
+            raise WsymInputError(f"auxiliary: {len(a)} rows for {len(checkpoints)} checkpoints")
+        target = torch.cat([z, (a - a.mean(0)) / a.std(0).clamp(min=1e-12)], dim=1)
     if boost:  # s + g on z - oof + s: g fits the out-of-fold residual z - oof
         start = time.perf_counter()
         target = _boost_targets(net.stats, x, z, x_val, z_val, c, seed)
         stat_seconds += time.perf_counter() - start
         net.graph_weight.fill_(1.0)
-    epochs = c.epochs if branches != "stats" else 0
+    epochs = c.epochs if branches != "stats" and not stack else 0
     report = graph_stage(
         p, graphs, target, val_graphs, y_val, c, seed, epochs=epochs, on_epoch=on_epoch
     )
+    if stack:
+        report.update(_fit_stack(p, graphs, target, val_graphs, y_val, z_val, c, seed, on_epoch))
     report.update(
         statistics_val_tau=stat_tau, statistics_seconds=stat_seconds, graph_seconds=graph_seconds
     )
     if blend or boost:
         net.branches = "both"
         report["graph_val_tau"] = report["val_tau"]
+        if combine == "stack":
+            report["joint_val_tau"] = report["fold_joint_val_taus"]
         if combine == "joint":
             report["joint_val_tau"] = _fit_joint(net, graphs, z, val_graphs, z_val, c, seed)
         report["blend_val_taus"] = taus = {}
@@ -184,6 +213,64 @@ def fit_park(
         report.update(graph_weight=best, val_tau=taus[best])
     meta["report"] = report
     return p
+
+
+def cross_folds(n: int, folds: int, seed: int) -> list[torch.Tensor]:
+    """A seeded partition of ``range(n)`` into ``folds`` near-equal parts.
+
+    Example:
+        >>> sorted(torch.cat(cross_folds(7, 2, seed=0)).tolist())
+        [0, 1, 2, 3, 4, 5, 6]
+    """
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return [order[k::folds] for k in range(folds)]
+
+
+def _fit_stack(p, graphs, z, val_graphs, y_val, z_val, c: FitConfig, seed: int, on_epoch):
+    """Cross-fitting: fold k's graph branch on the other folds, its joint ensemble on fold k.
+
+    The joint ensemble then reads the frozen message-passing readout of members
+    the graph branch was not trained on, at training time as at prediction time
+    (the in-sample readout of ``combine="joint"`` is fitted to those very members).
+    Returns the graph branches' mean validation tau and the joint ensembles'.
+    """
+    graph_taus, joint_taus, seconds, epochs_run = [], [], 0.0, 0
+    for k, (fold, held) in enumerate(
+        zip(p.net.folds, cross_folds(len(graphs), len(p.net.folds), seed), strict=True)
+    ):
+        keep = torch.ones(len(graphs), dtype=torch.bool)
+        keep[held] = False
+        inside = [graphs[i] for i in keep.nonzero()[:, 0].tolist()]
+        fold.branches = "graph"
+        rep = graph_stage(
+            ParkPredictor(fold, {}, p.config),
+            inside,
+            z[keep],
+            val_graphs,
+            y_val,
+            c,
+            seed + 7919 * (k + 1),
+            on_epoch=on_epoch,
+        )
+        fold.branches = "both"
+        graph_taus.append(rep["val_tau"])
+        seconds, epochs_run = seconds + rep["train_seconds"], epochs_run + rep["epochs_run"]
+        outside = [graphs[i] for i in held.tolist()]
+        x, x_val = _joint_inputs(fold, outside), _joint_inputs(fold, val_graphs)
+        zk = z[held, : z_val.shape[1]].float()  # the targets, not the auxiliary columns
+        tau, _ = train_statistics(fold.joint, x, zk, x_val, z_val, c, seed + k)
+        fold.joint.requires_grad_(False)
+        joint_taus.append(tau)
+    p.net.branches = "graph"
+    graph_tau = kendall_tau(y_val[:, 0], _first(p.predict_graphs(val_graphs)))
+    return {
+        "val_tau": graph_tau,
+        "fold_graph_val_taus": graph_taus,
+        "fold_joint_val_taus": joint_taus,
+        "train_seconds": seconds,
+        "epochs_run": epochs_run,
+        "best_epoch": None,
+    }
 
 
 def _boost_targets(stats, x, z, x_val, z_val, c: FitConfig, seed: int, folds: int = 5):
