@@ -25,14 +25,14 @@ def test_an_mlp_is_settled_from_the_input_on():
     _, spec, sd = _mlp()
     hidden = [g.cls for g in spec.groups if g.kind == "permutation"]
     both = set(hidden)
-    assert settled_weight(spec, sd, hidden[0], both)[0] == 4 + 1  # 0.weight rows, 0.bias
-    assert settled_weight(spec, sd, hidden[1], both)[0] == 3 + 1  # 4.weight columns, 2.bias
-    assert settled_weight(spec, sd, hidden[1], {hidden[1]})[0] == 5 + 3 + 1  # 2.weight rows too
-    assert settled_weight(spec, sd, hidden[1], both)[1] == {"2.weight"}
+    assert settled_weight(spec, hidden[0], both)[0] == 4 + 1  # 0.weight rows, 0.bias
+    assert settled_weight(spec, hidden[1], both)[0] == 3 + 1  # 4.weight columns, 2.bias
+    assert settled_weight(spec, hidden[1], {hidden[1]})[0] == 5 + 3 + 1  # 2.weight rows too
+    assert settled_weight(spec, hidden[1], both)[1] == {"2.weight"}
 
 
 def test_the_start_is_layerwise_matching_on_settled_entries():
-    """Against a direct computation: hidden 1 on ``[W1 | b1]``, then hidden 2 on ``[W2 | b2 | W3^T]``."""
+    """Against a direct computation: hidden 1 on [W1, b1], then hidden 2 on [W2, b2, W3^T]."""
     _, spec, ref = _mlp(seed=0)
     _, _, other = _mlp(seed=1)
     comps, moved = settled_start(spec, ref, other, plans(spec))

@@ -21,36 +21,44 @@ Measured on the MLP pairs of ``benchmarks/alignment.py`` (``docs/merging.md``).
 
 from __future__ import annotations
 
+import math
+
 from wsym.align.biases import without
 from wsym.align.matching import ClassPlan, class_units, match_class
 from wsym.group.elements import GroupElement, act
+from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec, leaves
 
 
-def tensor_classes(spec: SymmetrySpec) -> dict[str, set[int]]:
-    """``param -> classes of its axes`` (buffers left out)."""
-    skip = set(spec.buffers)
-    return {
-        key: {leaf.cls for tree in dims for leaf in leaves(tree)}
-        for key, dims in spec.layouts
-        if key not in skip
-    }
+def class_tensors(spec: SymmetrySpec) -> dict[int, list[tuple[str, frozenset[int], int]]]:
+    """``class -> [(param, its other classes, entries)]`` over the parameters (buffers left out)."""
+
+    def build():
+        skip, out = set(spec.buffers), {}
+        for key, dims in spec.layouts:
+            if key in skip:
+                continue
+            classes = {leaf.cls for tree in dims for leaf in leaves(tree)}
+            numel = math.prod(t.size for t in dims)
+            for c in classes:
+                out.setdefault(c, []).append((key, frozenset(classes - {c}), numel))
+        return out
+
+    return derived(spec, "class_tensors", build)
 
 
-def settled_weight(spec: SymmetrySpec, sd: dict, cls: int, open_classes: set[int]) -> tuple:
+def settled_weight(spec: SymmetrySpec, cls: int, open_classes: set[int]) -> tuple:
     """``(entries per unit, tensors left out)`` of class ``cls`` given the open classes.
 
     A tensor holding ``cls`` is settled when none of its other classes is open.
     """
     size = next(g.size for g in spec.groups if g.cls == cls)
     settled, left_out = 0, set()
-    for key, classes in tensor_classes(spec).items():
-        if cls not in classes:
-            continue
-        if classes & (open_classes - {cls}):
+    for key, others, numel in class_tensors(spec).get(cls, ()):
+        if others & open_classes:
             left_out.add(key)
         else:
-            settled += sd[key].numel()
+            settled += numel
     return settled / size, left_out
 
 
@@ -83,7 +91,7 @@ def settled_start(
     comps: list = []
     current = other
     while pending:
-        weights = {i: settled_weight(spec, ref, spec.groups[i].cls, open_classes) for i in pending}
+        weights = {i: settled_weight(spec, spec.groups[i].cls, open_classes) for i in pending}
         i = max(pending, key=lambda j: weights[j][0])  # first in spec order on ties
         hidden = weights[i][1] | set(unmatched)
         plan = pending.pop(i)
