@@ -8,8 +8,10 @@ of block coordinate descent (derivations in ``docs/alignment.md``):
   classes at once (Git Re-Basin's weight matching): each class solves a linear
   assignment between the units' slices in every tensor the class touches,
   signs and head rotations maximized inside the pairing score
-  (:mod:`wsym.align.matching`); or by **activations**: per class, the correlation of
-  its units' activations at every traced site over a few batches, solved by
+  (:mod:`wsym.align.matching`), the first round started from every class
+  matched once on its settled entries (:mod:`wsym.align.settled`); or by
+  **activations**: per class, the correlation of its units' activations at
+  every traced site over a few batches, solved by
   linear assignment; classes without a site fall back to weight matching;
 * **continuous groups fitted to the reference** (:mod:`wsym.align.continuous`):
   per-unit scales from the quartic's best root, orthogonal Procrustes, the GL
