@@ -78,3 +78,26 @@ def test_the_default_from_the_settled_start_keeps_the_function(detected, name):
     before, after = outputs(net, other, x), outputs(net, aligned, x)
     assert float((after - before).abs().max()) <= 1e-9 * float(before.abs().max())
     assert mismatch(spec, ref, aligned) <= mismatch(spec, ref, other) * (1 + 1e-12)
+
+
+def test_only_a_chain_of_layers_gets_the_settled_start(detected):
+    """MLPs are chains; a pre-LN transformer's stream couples to every block (identity start)."""
+    from wsym.align.settled import is_chain
+
+    _, spec, _ = _mlp((5, 6, 7))
+    assert is_chain(spec, plans(spec))
+    _, _, transformer = detected("tiny-transformer")
+    assert not is_chain(transformer, plans(transformer))
+
+
+def test_off_a_chain_the_default_is_the_identity_start(detected, monkeypatch):
+    import sys
+
+    module = sys.modules["wsym.align.alignment"]
+    calls = []
+    monkeypatch.setattr(module, "settled_start", lambda *a, **k: calls.append(1))
+    model, _, spec = detected("tiny-transformer")
+    ref = double(model.state_dict())
+    torch.manual_seed(7)
+    wsym.align(ref, double(BY_NAME["tiny-transformer"].build().state_dict()), spec)
+    assert calls == []

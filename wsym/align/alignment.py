@@ -8,8 +8,8 @@ of block coordinate descent (derivations in ``docs/alignment.md``):
   classes at once (Git Re-Basin's weight matching): each class solves a linear
   assignment between the units' slices in every tensor the class touches,
   signs and head rotations maximized inside the pairing score
-  (:mod:`wsym.align.matching`), the first round started from every class
-  matched once on its settled entries (:mod:`wsym.align.settled`); or by
+  (:mod:`wsym.align.matching`), the first round started, on a chain of layers,
+  from every class matched once on its settled entries (:mod:`wsym.align.settled`); or by
   **activations**: per class, the correlation of its units' activations at
   every traced site over a few batches, solved by
   linear assignment; classes without a site fall back to weight matching;
@@ -37,7 +37,7 @@ from wsym.align.biases import unmatched_biases, without
 from wsym.align.canonicalize import canonical_element
 from wsym.align.continuous import fit_continuous, mismatch
 from wsym.align.matching import plans, procrustes, weight_matching
-from wsym.align.settled import settled_start
+from wsym.align.settled import is_chain, settled_start
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
@@ -248,7 +248,8 @@ def reference_alignment(
 
     ``settle``: the first round starts from every class matched once on its
     settled entries (:func:`wsym.align.settled.settled_start`) instead of the
-    identity (``method="weights"`` only).
+    identity (``method="weights"`` only, on a chain of layers:
+    :func:`wsym.align.settled.is_chain`).
     """
     fixed: set[int] = set(hold)
     current = other
@@ -266,7 +267,8 @@ def reference_alignment(
         start = value
         if r == 0 and settle and method == "weights":
             todo = plans(spec, fixed=fixed)
-            _, current = settled_start(spec, ref, current, todo, unmatched)
+            if is_chain(spec, todo):
+                _, current = settled_start(spec, ref, current, todo, unmatched)
         perms = weight_matching(
             spec,
             scored_ref,

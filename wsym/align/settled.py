@@ -14,7 +14,10 @@ unit, on those entries only (the others set to zero in both checkpoints), so
 that no pairing score reads an unmatched axis. On an MLP this matches the
 layers from the input on, each against its matched input (and, for the last
 hidden layer, its fixed output). Coordinate descent then continues from this
-start. Data-free and deterministic (ties: the spec's group order).
+start. Data-free and deterministic (ties: the spec's group order). The default
+uses it only on a chain of layers (:func:`is_chain`): on the pre-LN transformer
+pairs, whose residual stream couples to every block, it raised the small ViT's
+barrier above the naive one.
 
 Measured on the MLP pairs of ``benchmarks/alignment.py`` (``docs/merging.md``).
 """
@@ -60,6 +63,24 @@ def settled_weight(spec: SymmetrySpec, cls: int, open_classes: set[int]) -> tupl
         else:
             settled += numel
     return settled / size, left_out
+
+
+def is_chain(spec: SymmetrySpec, todo: list[ClassPlan]) -> bool:
+    """Whether every class sits in at most two tensors of more than one entry per unit.
+
+    That is a chain of layers: the one writing the class and the one reading it
+    (biases, norm gains and shifts aside). The settled start is layer-wise matching;
+    where a class is read and written by many layers (a residual stream, an attention
+    head's query, key, value and output) there is no layer order, and the start
+    stays the identity (measured: ``docs/merging.md``).
+    """
+    table = class_tensors(spec)
+    for p in todo:
+        group = spec.groups[p.group]
+        layers = [key for key, _, numel in table.get(group.cls, ()) if numel > group.size]
+        if len(layers) > 2:
+            return False
+    return True
 
 
 def settled_start(
