@@ -4,7 +4,7 @@ Run from the repository root (``rebasin`` must be installed; it is not a wsym
 dependency)::
 
     .venv/bin/python benchmarks/alignment.py [--json PATH] [--quick] [--only NAME ...]
-        [--orders 5] [--cache DIR]
+        [--orders 5] [--cache DIR] [--methods ALIGNER ...]
 
 Pairs of models trained from different seeds (different initialization and
 data order), trained once and cached under ``--cache`` (default
@@ -54,7 +54,8 @@ this is the BatchNorm statistics reset). Times are CPU seconds
 ``wsym.align`` with the spec given, rebasin's its whole use on the pair
 (tracing and coordinate descent). rebasin permutes BatchNorm weights but not
 running statistics and breaks attention: ``*`` marks an aligned model B that
-computes a different function (relative output change > 1e-3).
+computes a different function (relative output change > 1e-3). ``--methods``
+runs only the aligners named (the others show ``n/a``).
 """
 
 from __future__ import annotations
@@ -322,8 +323,11 @@ REPAIRED = (
 )  # aligners whose paths are also measured with REPAIR
 
 
-def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
-    """Align B onto A every way, over ``orders`` visiting orders, and measure the paths."""
+def run_pair(cfg: dict, orders: int, cache: Path, only_methods=None) -> dict:
+    """Align B onto A every way, over ``orders`` visiting orders, and measure the paths.
+
+    ``only_methods``: the aligners to run (all when None); the others get no runs.
+    """
     model_a, model_b, data, accuracies = trained_pair(cfg, cache)
     sd_a, sd_b = (
         {k: v.detach().clone() for k, v in m.state_dict().items()} for m in (model_a, model_b)
@@ -361,6 +365,9 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
     methods: dict[str, list[dict]] = {"naive": [measure(sd_b, 0.0)]}
     for name, kw in ALIGNERS.items():
         runs = []
+        if only_methods is not None and name not in only_methods:
+            methods[name] = runs
+            continue
         for seed in range(orders if name != "wsym activations" else 1):
             start = time.process_time()
             if kw is None:
@@ -384,7 +391,7 @@ def run_pair(cfg: dict, orders: int, cache: Path) -> dict:
             runs.append(measure(sd, time.process_time() - start, repair=name in REPAIRED))
         methods[name] = runs
     runs = []
-    for seed in range(orders):
+    for seed in range(orders if only_methods is None or "rebasin" in only_methods else 0):
         try:
             sd, seconds = rebasin_align(model_a, model_b, x_example, 1, seed=seed)
         except Exception as err:  # noqa: BLE001 - reported in the table
@@ -452,15 +459,12 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
     w_s, aw_s, rb_s = seconds(ms["wsym"]), seconds(ms["wsym act+weights"]), seconds(ms["rebasin"])
     rot_s, path_s = seconds(ms["wsym rotation"]), seconds(ms["wsym rotation path"])
     times = (
-        f"{w_s:.3f}",
-        f"{aw_s:.3f}",
-        f"{rot_s:.3f}" if rot_s is not None else "",
-        f"{path_s:.3f}" if path_s is not None else "",
-        f"{rb_s:.3f}" if rb_s is not None else "",
-        f"{rb_s / w_s:.2f}" if rb_s is not None else "",
+        *(f"{s:.3f}" if s is not None else "" for s in (w_s, aw_s, rot_s, path_s, rb_s)),
+        f"{rb_s / w_s:.2f}" if rb_s is not None and w_s else "",
     )
     rows = [(res["name"], f"{naive:.3f}", *(cell(ms[k], split, naive) for k in COLUMNS), *times)]
     key = f"{split} repair"
+    rebasin_failed = bool(ms["rebasin"]) and "error" in ms["rebasin"][0]
     naive_r = ms["naive"][0][key].barrier
     label = "  BN statistics reset" if res["batchnorm"] else "  + REPAIR"
     rows.append(
@@ -476,7 +480,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             cell(ms["wsym rotation act"], key, naive_r),
             cell(ms["wsym rotation path"], key, naive_r),
             "",
-            cell(ms["rebasin"], key, naive_r) if "error" not in ms["rebasin"][0] else "",
+            "" if rebasin_failed else cell(ms["rebasin"], key, naive_r),
         )
     )
     return rows
@@ -593,6 +597,13 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", default=None, help="run only these pairs (e.g. transformer mlp-512)"
     )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        choices=[*ALIGNERS, "rebasin"],
+        help="run only these aligners (e.g. wsym 'wsym rotation path' rebasin); others: n/a",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -603,7 +614,7 @@ def main() -> None:
     for cfg in configs(args.quick):
         if args.only and cfg["name"] not in args.only:
             continue
-        results.append(run_pair(cfg, args.orders, Path(args.cache)))
+        results.append(run_pair(cfg, args.orders, Path(args.cache), args.methods))
         print(f"  {cfg['name']} done at {perf_counter() - start:.0f} s", file=sys.stderr)
     report(results, args.orders)
     print(f"\ntotal {perf_counter() - start:.0f} s")

@@ -8,8 +8,10 @@ of block coordinate descent (derivations in ``docs/alignment.md``):
   classes at once (Git Re-Basin's weight matching): each class solves a linear
   assignment between the units' slices in every tensor the class touches,
   signs and head rotations maximized inside the pairing score
-  (:mod:`wsym.align.matching`); or by **activations**: per class, the correlation of
-  its units' activations at every traced site over a few batches, solved by
+  (:mod:`wsym.align.matching`), the first round started, on a chain of layers,
+  from every class matched once on its settled entries (:mod:`wsym.align.settled`); or by
+  **activations**: per class, the correlation of its units' activations at
+  every traced site over a few batches, solved by
   linear assignment; classes without a site fall back to weight matching;
 * **continuous groups fitted to the reference** (:mod:`wsym.align.continuous`):
   per-unit scales from the quartic's best root, orthogonal Procrustes, the GL
@@ -34,7 +36,8 @@ from wsym.align.assignment import assignment
 from wsym.align.biases import unmatched_biases, without
 from wsym.align.canonicalize import canonical_element
 from wsym.align.continuous import fit_continuous, mismatch
-from wsym.align.matching import procrustes, weight_matching
+from wsym.align.matching import plans, procrustes, weight_matching
+from wsym.align.settled import is_chain, settled_start
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
@@ -194,7 +197,9 @@ def align(
         ref, g_ref = canonical_element(sd_ref, spec, kinds=SIGNS)
         other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
         unmatched = unmatched_biases(spec) if biases == "auto" else frozenset()
-        moved = reference_alignment(spec, ref, other, method, unmatched=unmatched, **options)
+        moved = reference_alignment(
+            spec, ref, other, method, unmatched=unmatched, settle=True, **options
+        )
         if path_loss is not None:
             moved = _refined(spec, model, ref, moved, batches, path_loss, seed)
         moved = act(spec, g_ref.inverse(), moved)
@@ -220,6 +225,7 @@ def reference_alignment(
     rounds: int = 10,
     hold: frozenset[int] = frozenset(),
     unmatched: frozenset[str] = frozenset(),
+    settle: bool = False,
 ) -> dict:
     """``other`` (float64) moved by permutation matching and continuous fits, alternately.
 
@@ -239,6 +245,11 @@ def reference_alignment(
     continuous fits lower ``D``. The rounds then keep the lowest ``D`` seen, the
     start included: the result's ``D`` is never above that of ``other`` (or of
     the activation-matched start).
+
+    ``settle``: the first round starts from every class matched once on its
+    settled entries (:func:`wsym.align.settled.settled_start`) instead of the
+    identity (``method="weights"`` only, on a chain of layers:
+    :func:`wsym.align.settled.is_chain`).
     """
     fixed: set[int] = set(hold)
     current = other
@@ -254,6 +265,10 @@ def reference_alignment(
     best, lowest, scored_ref = current, value, without(ref, unmatched)
     for r in range(rounds):
         start = value
+        if r == 0 and settle and method == "weights":
+            todo = plans(spec, fixed=fixed)
+            if is_chain(spec, todo):
+                _, current = settled_start(spec, ref, current, todo, unmatched)
         perms = weight_matching(
             spec,
             scored_ref,

@@ -40,6 +40,7 @@ def merge(
     method: str = "weights",
     continuous: str = "reference",
     residual: str = "permutation",
+    refine: str = "none",
     model: torch.nn.Module | None = None,
     batches=None,
     reset_batchnorm: bool = False,
@@ -65,6 +66,9 @@ def merge(
         method: alignment method, ``"weights"``, ``"activations"`` or ``"activations+weights"``.
         continuous: ``"reference"`` or ``"canonical"`` (see :func:`wsym.align`).
         residual: ``"permutation"`` or ``"rotation"`` (pre-LN streams, see :func:`wsym.align`).
+        refine: ``"none"`` or ``"path"``: each alignment's continuous groups then fitted
+            to the loss along the path (needs ``model`` and ``batches`` with targets;
+            ``loss_fn``, default cross-entropy; see :func:`wsym.align`).
         model: the module (activation matching, BatchNorm reset, REPAIR, barriers).
         batches: iterable of ``(inputs, targets)`` (activation matching, statistics).
         reset_batchnorm: recompute BatchNorm running statistics of the merge on ``batches``.
@@ -73,7 +77,8 @@ def merge(
         reference: index of the first reference.
         rounds: MergeMany rounds at most (more than two checkpoints).
         seed: order of the members in each round.
-        loss_fn: with ``with_report``, the loss for each member's barrier to the merge.
+        loss_fn: the loss of ``refine="path"`` and, with ``with_report``, of each
+            member's barrier to the merge.
         with_report: return ``(merged, MergeReport)``.
 
     Example:
@@ -102,6 +107,8 @@ def merge(
             method,
             continuous=continuous,
             residual=residual,
+            refine=refine,
+            loss_fn=loss_fn,
             model=model,
             batches=batches,
         )

@@ -127,8 +127,11 @@ def _add_method(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_continuous(parser: argparse.ArgumentParser) -> None:
-    """``--continuous`` and ``--residual``: how the groups beside the permutations align."""
-    from wsym.align.alignment import CONTINUOUS, RESIDUAL
+    """``--continuous``, ``--residual`` and ``--refine``: how the non-permutation groups align.
+
+    ``--refine`` is checked by :func:`_check_refine` (one line, exit 2), not by argparse.
+    """
+    from wsym.align.alignment import CONTINUOUS, REFINE, RESIDUAL
 
     options = {
         "--continuous": (CONTINUOUS, "continuous groups: fitted to the reference or canonicalized"),
@@ -138,6 +141,26 @@ def _add_continuous(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             flag, choices=choices, default=choices[0], help=f"{text} (default {choices[0]})"
         )
+    parser.add_argument(
+        "--refine",
+        default=REFINE[0],
+        metavar="{" + ",".join(REFINE) + "}",
+        help="path: the continuous groups then fitted to the train loss along the path "
+        f"(needs --data; default {REFINE[0]})",
+    )
+
+
+def _check_refine(args: argparse.Namespace) -> None:
+    """A bad ``--refine`` in one line, before any work; ``path`` needs data."""
+    from wsym.align.alignment import REFINE
+
+    if args.refine not in REFINE:
+        raise WsymInputError(f"unknown --refine {args.refine!r}; use one of {', '.join(REFINE)}")
+    if args.refine != REFINE[0] and args.continuous != "reference":
+        raise WsymInputError(
+            f"--refine {args.refine} works with --continuous reference, not {args.continuous}"
+        )
+    _need_data(args, args.refine == "path", "--refine path")
 
 
 def _add_statistics(parser: argparse.ArgumentParser, where: str) -> None:
@@ -177,6 +200,7 @@ def run_align(args: argparse.Namespace) -> int:
     out = check_state_dict_out(args.out)
     _need_data(args, args.method != "weights", f"--method {args.method}")
     _need_data(args, args.residual == "rotation", "--residual rotation")
+    _check_refine(args)
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
@@ -189,6 +213,7 @@ def run_align(args: argparse.Namespace) -> int:
         "out": str(out),
         "method": args.method,
         "residual": args.residual,
+        "refine": args.refine,
         "distance_before": before,
         "distance_after": after,
     }
@@ -212,6 +237,7 @@ def run_merge(args: argparse.Namespace) -> int:
     _need_data(args, args.reset_batchnorm, "--reset-batchnorm")
     _need_data(args, args.repair, "--repair")
     _need_data(args, args.residual == "rotation", "--residual rotation")
+    _check_refine(args)
     job = prepare(args, args.checkpoints)
     matching = matching_batches(job.data, args.split, args.batch_size) if job.data else None
     if args.repair:  # the statistics are measured on the whole split
@@ -222,7 +248,8 @@ def run_merge(args: argparse.Namespace) -> int:
         method=args.method,
         continuous=args.continuous,
         residual=args.residual,
-        model=_scratch(job.model, args.method, args.residual),
+        refine=args.refine,
+        model=_scratch(job.model, args.method, args.residual, args.refine),
         batches=matching,
         repair=args.repair,
         seed=args.seed,
@@ -237,6 +264,7 @@ def run_merge(args: argparse.Namespace) -> int:
         "method": args.method,
         "continuous": args.continuous,
         "residual": args.residual,
+        "refine": args.refine,
         "repair": args.repair,
         "reset_batchnorm": args.reset_batchnorm,
     }
@@ -250,6 +278,9 @@ def run_barrier(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     if args.steps < 2:
         raise WsymInputError(f"--steps must be at least 2 (both endpoints), got {args.steps}")
+    _check_refine(args)
+    if args.refine != "none" and args.align == "none":
+        raise WsymInputError(f"--refine {args.refine} refines an alignment; drop --align none")
     job = prepare(args, [args.a, args.b], loss=True)
     sd_a, sd_b = job.states
     curves = {"naive": _curve(job, sd_a, sd_b, args)}
@@ -279,10 +310,10 @@ def run_barrier(args: argparse.Namespace) -> int:
 
 
 def _align(job: Any, ref: dict, other: dict, method: str, data, args: argparse.Namespace) -> dict:
-    """``other`` aligned to ``ref`` by ``method`` with the command's ``--continuous`` and seed."""
+    """``other`` aligned to ``ref`` by ``method`` with the command's options and seed."""
     import wsym
 
-    model = _scratch(job.model, method, args.residual)
+    model = _scratch(job.model, method, args.residual, args.refine)
     return wsym.align(
         ref,
         other,
@@ -290,6 +321,7 @@ def _align(job: Any, ref: dict, other: dict, method: str, data, args: argparse.N
         method,
         continuous=args.continuous,
         residual=args.residual,
+        refine=args.refine,
         model=model,
         batches=data,
         seed=args.seed,
@@ -331,6 +363,7 @@ def _barrier_report(args: argparse.Namespace, curves: dict) -> dict:
         "data": args.data,
         "split": args.split,
         "align": args.align,
+        "refine": args.refine,
         "steps": args.steps,
         "barrier": {name: curve.barrier for name, curve in curves.items()},
         "accuracy_barrier": {name: curve.accuracy_barrier for name, curve in curves.items()},
@@ -355,9 +388,9 @@ def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
     return {k: fresh[k].to(v.dtype) if k in buffers else v for k, v in merged.items()}
 
 
-def _scratch(model: Any, method: str, residual: str = "permutation") -> Any:
-    """For activation matching or a rotated stream, a float64 copy of ``model`` (run in float64)."""
-    needs = method not in ("weights", "none") or residual == "rotation"
+def _scratch(model: Any, method: str, residual: str = "permutation", refine: str = "none") -> Any:
+    """For activations, a rotated stream or the path fit, a float64 copy of ``model``."""
+    needs = method not in ("weights", "none") or residual == "rotation" or refine != "none"
     return copy.deepcopy(model).double() if needs else model
 
 
