@@ -37,6 +37,27 @@ def _members(detected, copies=1):
     return out
 
 
+def _norm_targets(members) -> torch.Tensor:
+    """A target every checkpoint has: the norm of its first tensor."""
+    return torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+
+
+def _quick_fit(detected, **options):
+    """``(members, p)``: three copies of each architecture, fitted to their norms briefly."""
+    members = _members(detected, copies=3)
+    p = fit_park(
+        members, _norm_targets(members), epochs=1, stat_epochs=3, hidden=8, members=2, **options
+    )
+    return members, p
+
+
+def _on_transformer(p, members):
+    """``(fn, spec, sd)``: ``p``'s prediction on the last member (the transformer) as a
+    function of its state dict, for :func:`invariance_error`."""
+    spec, sd = members[-1]
+    return (lambda s: p.predict([(spec, s)])), spec, sd
+
+
 def _random_predictor(members, seed=0):
     """An untrained two-branch network, every layer random (the graph head too)."""
     torch.manual_seed(seed)
@@ -94,7 +115,7 @@ def test_graph_branch_alone_is_invariant_and_not_constant(detected):
 
 def test_mixed_save_load_round_trip(detected, tmp_path):
     members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    y = _norm_targets(members)
     p = fit_park(members, y, epochs=2, stat_epochs=3, hidden=8, members=2)
     torch.manual_seed(1)
     torch.nn.init.normal_(p.net.head[-1].weight)  # the graph branch contributes too
@@ -141,7 +162,7 @@ def test_bad_members_raise_one_line_errors(detected):
 
 def test_graph_readout_of_the_statistics_stays_invariant_and_is_saved(detected, tmp_path):
     members = _members(detected, copies=2)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    y = _norm_targets(members)
     p = fit_park(members, y, epochs=1, stat_epochs=2, hidden=8, members=2, stat_readout=True)
     torch.manual_seed(1)
     torch.nn.init.normal_(p.net.head[-1].weight)  # the graph branch contributes
@@ -160,15 +181,12 @@ def test_graph_readout_of_the_statistics_stays_invariant_and_is_saved(detected, 
 
 
 def test_joint_combination_reads_the_graph_readout_invariantly_and_is_saved(detected, tmp_path):
-    members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
-    p = fit_park(members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="joint")
+    members, p = _quick_fit(detected, combine="joint")
     rep = p.config["report"]
     assert {"joint_val_tau", "graph_weight"} <= set(rep)
     p.net.graph_weight.fill_(1.0)  # the joint ensemble alone
     p.double()
-    spec, sd = members[-1]  # the transformer
-    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    fn, spec, sd = _on_transformer(p, members)
     assert invariance_error(fn, spec, sd, seeds=(4,)) <= 1e-5
     assert_sensitive(fn, spec, sd, min_change=1e-8)
     x = p.net.joint_inputs(batch_graphs(p.graphs(members[:2])))
@@ -180,11 +198,7 @@ def test_joint_combination_reads_the_graph_readout_invariantly_and_is_saved(dete
 
 
 def test_cross_fitted_joint_combination_is_invariant_and_saved(detected, tmp_path):
-    members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
-    p = fit_park(
-        members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="stack", paths=True
-    )
+    members, p = _quick_fit(detected, combine="stack", paths=True)
     rep = p.config["report"]
     assert len(rep["fold_graph_val_taus"]) == len(p.net.folds) == 2
     p.net.graph_weight.fill_(1.0)  # the folds' joint ensembles alone
@@ -194,8 +208,7 @@ def test_cross_fitted_joint_combination_is_invariant_and_saved(detected, tmp_pat
         folds = [f.joint(f.joint_inputs(x)) for f in p.net.folds]
         assert torch.allclose(p.net(x), (folds[0] + folds[1]) / 2)
         assert not torch.allclose(folds[0], folds[1])  # two graph branches, two readouts
-    spec, sd = members[-1]  # the transformer
-    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    fn, spec, sd = _on_transformer(p, members)
     assert invariance_error(fn, spec, sd, seeds=(6,)) <= 1e-5
     assert_sensitive(fn, spec, sd, min_change=1e-8)
     p.save(tmp_path / "stack.safetensors")
@@ -208,25 +221,12 @@ def test_cross_fitted_joint_combination_is_invariant_and_saved(detected, tmp_pat
 def test_joint_ensemble_reading_the_graph_head_is_invariant_and_saved(
     detected, tmp_path, reads, width
 ):
-    members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
-    p = fit_park(
-        members,
-        y,
-        epochs=1,
-        stat_epochs=3,
-        hidden=8,
-        members=2,
-        combine="joint",
-        stat_readout=True,
-        joint_reads=reads,
-    )
+    members, p = _quick_fit(detected, combine="joint", stat_readout=True, joint_reads=reads)
     x = p.net.joint_inputs(batch_graphs(p.graphs(members[:2])))
     assert x.shape[1] == STAT_WIDTH + width == p.net.joint.members[0][1].in_features
     p.net.graph_weight.fill_(1.0)
     p.double()
-    spec, sd = members[-1]  # the transformer
-    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    fn, spec, sd = _on_transformer(p, members)
     assert invariance_error(fn, spec, sd, seeds=(7,)) <= 1e-5
     p.save(tmp_path / "reads.safetensors")
     q = load(tmp_path / "reads.safetensors")
@@ -236,7 +236,7 @@ def test_joint_ensemble_reading_the_graph_head_is_invariant_and_saved(
 
 def test_auxiliary_targets_are_trained_and_never_predicted(detected, tmp_path):
     members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
+    y = _norm_targets(members)
     aux = {"lr": torch.linspace(0, 1, len(members)), "noise": torch.rand(len(members))}
     p = fit_park(
         members[2:],
@@ -262,15 +262,12 @@ def test_auxiliary_targets_are_trained_and_never_predicted(detected, tmp_path):
 
 
 def test_joint_ensemble_blends_trees_where_the_statistics_do(detected):
-    members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
-    p = fit_park(members, y, epochs=1, stat_epochs=3, hidden=8, members=2, combine="joint", trees=5)
+    members, p = _quick_fit(detected, combine="joint", trees=5)
     assert len(p.net.stats.trees) == len(p.net.joint.trees) == 1
     assert p.net.joint.trees[0].value.abs().sum() > 0  # fitted
     p.net.graph_weight.fill_(1.0)
     p.double()
-    spec, sd = members[-1]
-    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    fn, spec, sd = _on_transformer(p, members)
     assert invariance_error(fn, spec, sd, seeds=(8,)) <= 1e-5
 
 
@@ -284,19 +281,7 @@ def test_cross_folds_partition_the_members():
 
 
 def test_boosted_graph_branch_with_path_features_is_invariant_and_saved(detected, tmp_path):
-    members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
-    p = fit_park(
-        members,
-        y,
-        epochs=1,
-        stat_epochs=3,
-        hidden=8,
-        members=2,
-        combine="boost",
-        stat_readout=True,
-        paths=True,
-    )
+    members, p = _quick_fit(detected, combine="boost", stat_readout=True, paths=True)
     assert p.config["report"]["graph_weight"] in BLENDS
     torch.manual_seed(2)
     torch.nn.init.normal_(p.net.head[-1].weight)  # the graph branch contributes
@@ -307,8 +292,7 @@ def test_boosted_graph_branch_with_path_features_is_invariant_and_saved(detected
         s, g = p.net.stats(x.stat_x), p.net.graph_branch(x)
         assert torch.allclose(p.net(x), s.to(g.dtype) + g)  # s + beta g, beta = 1
     assert x.path_x.shape == (len(members), PATH_WIDTH) and x.path_x.abs().sum() > 0
-    spec, sd = members[-1]  # the transformer
-    fn = lambda s: p.predict([(spec, s)])  # noqa: E731
+    fn, spec, sd = _on_transformer(p, members)
     assert invariance_error(fn, spec, sd, seeds=(5,)) <= 1e-5
     p.net.branches = "graph"  # the boosted part (paths included) reads the weights
     assert invariance_error(fn, spec, sd, seeds=(5,)) <= 1e-5
@@ -327,15 +311,8 @@ def test_boosted_graph_branch_with_path_features_is_invariant_and_saved(detected
 def test_readout_aggregation_and_input_options_are_invariant_and_saved(
     detected, tmp_path, readout, aggregate, inputs
 ):
-    members = _members(detected, copies=3)
-    y = torch.tensor([float(sd[next(iter(sd))].norm()) for _, sd in members])
-    p = fit_park(
-        members,
-        y,
-        epochs=1,
-        stat_epochs=3,
-        hidden=8,
-        members=2,
+    members, p = _quick_fit(
+        detected,
         combine="joint",
         stat_readout=True,
         readout=readout,
