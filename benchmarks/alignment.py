@@ -223,14 +223,19 @@ def permutation_only(sd_a: dict, sd_b: dict, spec, seed: int = 0) -> dict:
 
 
 def output_change(model, sd_b: dict, sd_moved: dict, x) -> float:
-    """Largest output change from ``sd_b`` to ``sd_moved``, relative to the largest output."""
+    """Largest output change from ``sd_b`` to ``sd_moved``, relative to the largest output.
+
+    Both run in float64 (float32 weights cast exactly): what is measured is whether the
+    stored aligned weights compute B's function, not the float32 forward pass's own
+    rounding, which differs between two orderings of the same units (~1e-6 on the ViT).
+    """
     outs = []
     for sd in (sd_b, sd_moved):
-        net = copy.deepcopy(model)
+        net = copy.deepcopy(model).double()
         net.load_state_dict(sd)
         net.eval()
         with torch.no_grad():
-            outs.append(net(x).double())
+            outs.append(net(x.double() if x.is_floating_point() else x))
     return float((outs[1] - outs[0]).abs().max() / outs[0].abs().max())
 
 
