@@ -104,22 +104,9 @@ def test_centered_rotations_fix_the_ones_vector(detected):
     assert torch.allclose(q @ ones, ones, atol=1e-12)
 
 
-def test_path_refinement_refusals(detected):
+def test_path_refinement_needs_targets(detected):
+    """The loss along the path needs targets (the other refusals: test_align_residual)."""
     model, inputs, spec = detected("tiny-transformer")
     sd = double(model.state_dict())
-    with pytest.raises(WsymInputError, match="unknown refinement"):
-        wsym.align(sd, sd, spec, refine="paths")
-    with pytest.raises(WsymInputError, match="needs model= and batches="):
-        wsym.align(sd, sd, spec, refine="path")
-    with pytest.raises(WsymInputError, match="continuous='reference'"):
-        wsym.align(
-            sd,
-            sd,
-            spec,
-            refine="path",
-            continuous="canonical",
-            model=model,
-            batches=[(inputs, None)],
-        )
     with pytest.raises(WsymInputError, match="batches of \\(inputs, targets\\)"):
         wsym.align(sd, sd, spec, refine="path", model=model, batches=[(inputs, None)])

@@ -154,23 +154,33 @@ def test_refuses_a_stream_that_a_rotation_breaks():
         wsym.align(sd, sd, spec, residual="rotation", model=model, batches=[(x, None)])
 
 
-def test_rotation_needs_the_model_and_reference_fits(detected):
+@pytest.mark.parametrize(
+    "option,value,unknown,message",
+    [
+        ("residual", "rotation", "rotations", "unknown residual"),
+        ("refine", "path", "paths", "unknown refinement"),
+    ],
+)
+def test_model_fitted_options_need_the_model_and_reference_fits(
+    detected, option, value, unknown, message
+):
+    """``residual="rotation"`` and ``refine="path"`` are refused alike, each in one line."""
     model, inputs, spec = detected("tiny-transformer")
     sd = double(model.state_dict())
     with pytest.raises(WsymInputError, match="needs model= and batches="):
-        wsym.align(sd, sd, spec, residual="rotation")
+        wsym.align(sd, sd, spec, **{option: value})
     with pytest.raises(WsymInputError, match="continuous='reference'"):
         wsym.align(
             sd,
             sd,
             spec,
-            residual="rotation",
             continuous="canonical",
             model=model,
             batches=[(inputs, None)],
+            **{option: value},
         )
-    with pytest.raises(WsymInputError, match="unknown residual"):
-        wsym.align(sd, sd, spec, residual="rotations")
+    with pytest.raises(WsymInputError, match=message):
+        wsym.align(sd, sd, spec, **{option: unknown})
 
 
 class PreRMSNorm(torch.nn.Module):
