@@ -132,11 +132,7 @@ class Probe:
 
         The last conversion is kept: one state is evaluated by several probes of a dtype.
         """
-        if all(
-            v.dtype == self.dtype
-            for v in state.values()
-            if torch.is_tensor(v) and v.is_floating_point()
-        ):
+        if _in_dtype(state, self.dtype):
             return state
         last = self._shared.get("converted", (None, None))
         if last[0] is not state:
@@ -534,12 +530,14 @@ def _consumed(state: dict, dtype) -> dict:
     The float64 acted state becomes the float32 one tensor by tensor, so the two are
     never held whole at once (half a float64 model less at the peak).
     """
-    if all(
-        v.dtype == dtype for v in state.values() if torch.is_tensor(v) and v.is_floating_point()
-    ):
+    if _in_dtype(state, dtype):
         return state
-    out = {}
-    for key in list(state):
-        v = state.pop(key)
-        out[key] = v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
-    return out
+    cast = _caster(dtype)
+    return {key: cast(state.pop(key)) for key in list(state)}
+
+
+def _in_dtype(state: dict, dtype) -> bool:
+    """Whether every float tensor of ``state`` is in ``dtype`` (nothing to convert)."""
+    return all(
+        v.dtype == dtype for v in state.values() if torch.is_tensor(v) and v.is_floating_point()
+    )

@@ -236,7 +236,7 @@ def _versions_after(func, args, out) -> list[int]:
         return [_version(spread)] * len(outs)
     versions = []
     for i, o in enumerate(outs):
-        ret = func._schema.returns[i] if i < len(func._schema.returns) else None
+        ret = returns[i] if i < len(returns) else None
         alias = ret.alias_info if ret is not None else None
         source = next((inputs[n] for n in alias.before_set if n in inputs), None) if alias else None
         if source is not None:
