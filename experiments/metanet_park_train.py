@@ -5,7 +5,8 @@
 
 Fits :func:`wsym.metanet.park_fit.fit_zoo` (the zoo's train split, val for
 early stopping, target ``gap``), stores the specs of every architecture of the
-zoo (held-out ones too), and writes the ``.safetensors`` file and its model card
+zoo (held-out ones too) and the preset's architecture space (so it reads every
+architecture the preset can draw), and writes the ``.safetensors`` file and its model card
 (``.md``) with the test Kendall tau on the held-out members and architectures.
 """
 
@@ -31,6 +32,9 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--trees", type=int, default=0)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--stat-readout", action="store_true")
+    parser.add_argument("--paths", action="store_true")
+    parser.add_argument("--combine", default="blend")
+    parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(1)
     p, taus = fit_zoo(
@@ -42,14 +46,19 @@ def main() -> None:  # noqa: D103
         trees=args.trees,
         lr=args.lr,
         stat_readout=args.stat_readout,
+        paths=args.paths,
+        combine=args.combine,
+        batch_size=args.batch_size,
     )
     out = Path(args.out)
     p.save(out)
     command = (
         f"python experiments/metanet_park_train.py --zoo {args.zoo} --out {args.out} "
         f"--seed {args.seed} --epochs {args.epochs} --patience {args.patience} "
-        f"--hidden {args.hidden} --trees {args.trees} --lr {args.lr}"
+        f"--hidden {args.hidden} --trees {args.trees} --lr {args.lr} --combine {args.combine} "
+        f"--batch-size {args.batch_size}"
         + (" --stat-readout" if args.stat_readout else "")
+        + (" --paths" if args.paths else "")
     )
     out.with_suffix(".md").write_text(park_card(p, args.zoo, command))
     print(f"wrote {out}: tau {taus}, {p.config['card']['timing']['total']:.0f}s")

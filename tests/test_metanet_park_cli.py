@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 pytest.importorskip("torch_geometric")
 
@@ -67,3 +68,21 @@ def test_predict_without_metanet_picks_the_shipped_model_that_reads_the_checkpoi
     assert json.loads(capsys.readouterr().out)["metanet"].endswith(
         "metanet-mnist1d-mlp.safetensors"
     )
+
+
+def test_predict_accepts_a_park_architecture_no_zoo_member_has(tmp_path, capsys):
+    if not PARK_ZOO.is_dir():
+        pytest.skip("no park zoo in this checkout")
+    from wsym.zoo.architectures import build_architecture
+    from wsym.zoo.space import architecture_space
+
+    zoo = load(PARK_ZOO)
+    seen = {json.dumps(r["architecture"], sort_keys=True) for r in zoo.table}
+    new = [c for c in architecture_space(zoo.manifest["config"]) if json.dumps(c, sort_keys=True) not in seen]
+    cnn = next(c for c in new if c["name"] == "park_cnn1d")
+    torch.manual_seed(0)
+    ckpt = tmp_path / "new.safetensors"
+    save_state_dict(build_architecture(cnn).state_dict(), ckpt)
+    args = ["predict", "--checkpoint", str(ckpt), "--metanet", str(PARK_MODEL), "--json"]
+    assert cli.main(args) == 0
+    assert math.isfinite(json.loads(capsys.readouterr().out)["gap"])

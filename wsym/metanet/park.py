@@ -30,9 +30,11 @@ the readout of members its graph branch never saw; their mean).
 Members are ``(model, state_dict)`` pairs (the model's symmetries are detected
 once per architecture on ``example_inputs``: a tensor, or a callable
 ``model -> inputs``), ``(spec, state_dict)`` pairs, or bare state dicts of an
-architecture the predictor already knows (matched by tensor names and shapes;
-where several known architectures share them, e.g. MLPs differing only in
-the activation, :meth:`ParkPredictor.predict` averages over those).
+architecture the predictor knows or, when it carries its zoo preset's
+architecture space (:func:`~wsym.metanet.park_fit.fit_zoo` stores it), of any
+architecture of that space (matched by tensor names and shapes; where several
+share them, e.g. MLPs differing only in the activation,
+:meth:`ParkPredictor.predict` averages over those).
 
 Example:
     >>> import torch
@@ -319,10 +321,17 @@ class ParkPredictor:
         net: the :class:`ParkNet`.
         specs: ``{signature key: spec}`` of the known architectures.
         config: hyperparameters, target names and scaling, training report.
+        space: the :class:`~wsym.zoo.space.ArchitectureSpace` of the zoo's preset
+            (bare state dicts of any of its architectures are accepted), or ``None``.
     """
 
-    def __init__(self, net: ParkNet, specs: dict, config: dict, example_inputs=None):
-        self.net, self.config, self.example_inputs = net, config, example_inputs
+    def __init__(
+        self, net: ParkNet, specs: dict, config: dict, example_inputs=None, space=None
+    ):
+        self.net, self.config, self.space = net, config, space
+        if example_inputs is None and space is not None:
+            example_inputs = space.example_inputs
+        self.example_inputs = example_inputs
         self.schemas = {k: UniversalSchema.from_spec(s) for k, s in specs.items()}
         self._detected: dict[tuple, str] = {}  # module class and tensors -> spec key
         self.net.eval()
@@ -341,10 +350,16 @@ class ParkPredictor:
     def _schemas(self, member, i: int) -> tuple[list[UniversalSchema], dict]:
         """The schemas ``member`` may be of, and its state dict.
 
-        Several for a bare state dict whose tensors two known architectures share
-        (e.g. MLPs that differ in the activation).
+        Several for a bare state dict whose tensors two architectures share (e.g.
+        MLPs that differ in the activation): with a :attr:`space` (the preset's
+        architecture space, :class:`~wsym.zoo.space.ArchitectureSpace`), every
+        architecture of it with those tensors, else every known one.
         """
         if isinstance(member, dict):
+            if self.space is not None:
+                found = self.space.specs_with(signature_of(member))
+                if found:
+                    return [self.add_architecture(spec) for _, spec in found], member
             return matching(self.schemas, member, i), member
         if not isinstance(member, (tuple, list)) or len(member) != 2:
             raise WsymInputError(
@@ -439,21 +454,24 @@ class ParkPredictor:
         """One ``.safetensors`` file: tensors + the JSON config and every known spec."""
         from wsym.metanet.predictor import write_file
 
-        meta = {
-            "format": PARK_FORMAT,
-            "specs": [s.spec.to_json() for s in self.schemas.values()],
-            **self.config,
-        }
+        specs = [s.spec for s in self.schemas.values()]
+        meta = {"format": PARK_FORMAT, "specs": [s.to_json() for s in specs], **self.config}
+        if self.space is not None:
+            meta["space"] = self.space.to_json({spec_key(s): k for k, s in enumerate(specs)})
         write_file(path, self.net, meta)
 
 
 def from_config(config: dict, tensors: dict) -> ParkPredictor:
     """A :class:`ParkPredictor` from a file's JSON config and tensors (see ``load``)."""
+    from wsym.zoo.space import ArchitectureSpace
+
     specs = [SymmetrySpec.from_json(s) for s in config.pop("specs")]
     config.pop("format", None)
+    space = config.pop("space", None)
+    space = None if space is None else ArchitectureSpace.from_json(space, specs)
     net = network_of(config, len(config["targets"]))
     net.load_state_dict(tensors)
-    return ParkPredictor(net, {spec_key(s): s for s in specs}, config)
+    return ParkPredictor(net, {spec_key(s): s for s in specs}, config, space=space)
 
 
 def network_of(config: dict, outputs: int) -> ParkNet:

@@ -333,6 +333,27 @@ def zoo_members(zoo, ids) -> list:
     return out
 
 
+def zoo_space(zoo):
+    """The architecture space of ``zoo``'s preset, knowing the specs :func:`zoo_members` found.
+
+    ``None`` when the preset's architecture space is not finite.
+    """
+    import json
+
+    from wsym.errors import WsymInputError
+    from wsym.zoo.space import ArchitectureSpace, architecture_space
+
+    preset = zoo.manifest["config"]
+    try:
+        architecture_space(preset)
+    except WsymInputError:
+        return None
+    space = ArchitectureSpace(preset, zoo.example_inputs())
+    for text, spec in zoo.__dict__.get("_park_specs", {}).items():
+        space.know(json.loads(text), spec)
+    return space
+
+
 def is_finite(sd: dict) -> bool:
     """Whether every floating tensor of ``sd`` is finite (a diverged member is not)."""
     return all(
@@ -364,7 +385,9 @@ def fit_zoo(
 
     ``ids``: the members of each split (default :func:`zoo_ids`, every member);
     members with non-finite weights (diverged in training) are left out.
-    Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
+    The predictor carries the architecture space of the zoo's preset
+    (:func:`zoo_space`), so it reads bare state dicts of every architecture the
+    preset can draw. Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
     (the held-out members and architectures; absent splits left out). Its
     ``config["card"]`` has the split sizes, the taus and ``timing`` (seconds per stage).
     """
@@ -395,6 +418,7 @@ def fit_zoo(
     start = time.perf_counter()
     for spec, _ in members["test"] + members["test_arch"]:
         p.add_architecture(spec)
+    p.space = zoo_space(zoo)
     taus = {
         s: kendall_tau(torch.tensor(y[s]), p.predict(members[s]))
         for s in ("test", "test_arch")
@@ -409,6 +433,8 @@ def fit_zoo(
 
 def park_card(p: ParkPredictor, zoo: str, command: str) -> str:
     """A short markdown model card of a :func:`fit_zoo` predictor."""
+    from wsym.zoo.space import architecture_space
+
     rep, c = p.config["report"], p.config
     splits, taus = c["card"]["splits"], c["card"]["test_tau"]
     seconds = c["card"]["timing"]["total"]
@@ -416,7 +442,13 @@ def park_card(p: ParkPredictor, zoo: str, command: str) -> str:
         f"# Meta-network: {c['targets'][0]} on `{zoo}` (one network, every park architecture)",
         "",
         f"- architectures known: {len(p.schemas)} (every architecture of the zoo, held-out ones "
-        "included)",
+        "included)"
+        + (
+            f"; reads all {len(architecture_space(p.space.preset))} architectures of the zoo's "
+            "preset (the others' symmetries detected when first met)"
+            if p.space is not None
+            else ""
+        ),
         f"- training: {splits['train']} train / {splits['val']} val members, seed {rep['seed']}, "
         f"best graph epoch {rep['best_epoch']} of {rep['epochs_run']}, {seconds:.0f}s on CPU",
         f"- held-out members ({splits['test']}): Kendall tau {taus.get('test', float('nan')):.3f}",
@@ -429,11 +461,14 @@ def park_card(p: ParkPredictor, zoo: str, command: str) -> str:
         f"- network: universal role-featured graphs, {c['layers']} message-passing layers, "
         f"width {c['hidden']}"
         + (", readout also reads the statistics" if c.get("stat_readout") else "")
-        + f"; statistics branch {c['members']} perceptrons"
+        + f"; statistics branch {c['members']} perceptrons; combination {c.get('combine', 'blend')}"
         + (f" + {c['trees']} boosted trees" if c.get("trees") else ""),
         "- invariant to each member's whole symmetry group (canonical forms + message passing)",
-        "- bare checkpoints are matched to the known architectures by tensor names and shapes; "
-        "where several share them (MLPs differing only in the activation) the prediction is "
+        "- bare checkpoints are matched to the "
+        + ("preset's" if p.space is not None else "known")
+        + " architectures by tensor names and shapes; where several share them (MLPs "
+        "differing only in the activation, CNNs in the residual connections, transformers in the "
+        "head count) the prediction is "
         "the mean over those",
         f"- command: `{command}`",
         "",
