@@ -83,6 +83,9 @@ def park_options(args) -> dict:
         "inputs": args.inputs,
         "joint_reads": args.joint_reads,
         "batch_size": args.batch_size,
+        "virtual": args.virtual,
+        "warmup": args.warmup,
+        "ema": args.ema,
     }
 
 
@@ -217,7 +220,10 @@ def main() -> None:  # noqa: D103
         "--readout", default="roles", choices=("roles", "thirds"), help="graph readout buckets"
     )
     parser.add_argument(
-        "--aggregate", default="mean", choices=("mean", "roles"), help="message aggregation"
+        "--aggregate",
+        default="mean",
+        choices=("mean", "roles", "attention"),
+        help="message aggregation",
     )
     parser.add_argument(
         "--inputs", default="standard", choices=("standard", "squashed"), help="graph input scaling"
@@ -229,6 +235,15 @@ def main() -> None:  # noqa: D103
         help="what the joint ensemble reads of the graph branch",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="graphs per graph-branch step")
+    parser.add_argument(
+        "--virtual", action="store_true", help="a global node per graph after each round"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="graph branch's warm-up epochs (then a cosine)"
+    )
+    parser.add_argument(
+        "--ema", type=float, default=0.0, help="decay per step of the graph weights' average"
+    )
     parser.add_argument(
         "--graph-cache", metavar="FILE", help="invariant graphs stored here (read if present)"
     )
