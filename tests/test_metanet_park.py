@@ -385,7 +385,9 @@ def test_path_features_are_invariant_to_the_whole_group_and_see_the_coupling(det
     assert max(moved) > 1e-3  # a broken coupling between two layers shows in their product
 
 
-@pytest.mark.parametrize("aggregate,virtual", [("attention", False), ("attention", True), ("mean", True)])
+@pytest.mark.parametrize(
+    "aggregate,virtual", [("attention", False), ("attention", True), ("mean", True)]
+)
 def test_attention_and_virtual_node_are_invariant_and_saved(detected, tmp_path, aggregate, virtual):
     members, p = _quick_fit(
         detected, combine="joint", stat_readout=True, aggregate=aggregate, virtual=virtual
