@@ -29,7 +29,9 @@ subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke r
 (message-passing depth, width, target normalization, training budget, the
 joint readout): test tau of its statistics branch, its graph branch and the
 combination; ``--study-rows`` picks rows by label (comma list; labels hold no
-comma). ``--combine joint|boost``, ``--stat-readout`` and ``--paths`` configure the park
+comma). ``--combine joint|boost``, ``--stat-readout``, ``--paths``, ``--aggregate
+attention``, ``--virtual`` (a global node per graph), ``--warmup`` and ``--ema`` (the
+graph branch's warm-up epochs and weight averaging) configure the park
 metanet (:mod:`wsym.metanet.park`); ``--targets`` picks the target columns;
 ``--graph-cache FILE`` keeps the invariant graphs (minutes to prepare on a park)
 between runs of the same zoo and caps; the fits
