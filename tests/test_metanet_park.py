@@ -435,3 +435,5 @@ def test_weight_average_is_what_the_graph_branch_keeps(detected):
 
     start = graph_weights(epochs=0)
     assert torch.equal(graph_weights(epochs=2, ema=1.0, lr=0.1), start)
+    with pytest.raises(WsymInputError, match="ema in"):
+        graph_weights(epochs=1, ema=1.5)

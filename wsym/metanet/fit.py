@@ -328,6 +328,8 @@ def _train(
     warmup: int = 0,
     ema: float = 0.0,
 ) -> dict:
+    if warmup < 0 or not 0 <= ema <= 1:
+        raise WsymInputError(f"warmup is >= 0 and ema in [0, 1], got {warmup} and {ema}")
     net = predictor.net
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -362,7 +364,8 @@ def _train(
                 schedule.step()
             if ema:
                 with torch.no_grad():
-                    torch._foreach_lerp_(average, [p.detach() for p in params], 1 - ema)
+                    for mean, p in zip(average, params, strict=True):
+                        mean.lerp_(p, 1 - ema)
         if not warmup:
             schedule.step()
         raw = _swap(params, average) if ema else None  # validate (and keep) the average
