@@ -29,7 +29,9 @@ subsample); ``--quick``: at most 160/40/80 members, 2 seeds, 8 epochs (a smoke r
 (message-passing depth, width, target normalization, training budget, the
 joint readout): test tau of its statistics branch, its graph branch and the
 combination; ``--study-rows`` picks rows by label (comma list; labels hold no
-comma). ``--combine joint|boost``, ``--stat-readout`` and ``--paths`` configure the park
+comma). ``--combine joint|boost``, ``--stat-readout``, ``--paths``, ``--aggregate
+attention``, ``--virtual`` (a global node per graph), ``--warmup`` and ``--ema`` (the
+graph branch's warm-up epochs and weight averaging) configure the park
 metanet (:mod:`wsym.metanet.park`); ``--targets`` picks the target columns;
 ``--graph-cache FILE`` keeps the invariant graphs (minutes to prepare on a park)
 between runs of the same zoo and caps; the fits
@@ -83,6 +85,9 @@ def park_options(args) -> dict:
         "inputs": args.inputs,
         "joint_reads": args.joint_reads,
         "batch_size": args.batch_size,
+        "virtual": args.virtual,
+        "warmup": args.warmup,
+        "ema": args.ema,
     }
 
 
@@ -217,7 +222,10 @@ def main() -> None:  # noqa: D103
         "--readout", default="roles", choices=("roles", "thirds"), help="graph readout buckets"
     )
     parser.add_argument(
-        "--aggregate", default="mean", choices=("mean", "roles"), help="message aggregation"
+        "--aggregate",
+        default="mean",
+        choices=("mean", "roles", "attention"),
+        help="message aggregation",
     )
     parser.add_argument(
         "--inputs", default="standard", choices=("standard", "squashed"), help="graph input scaling"
@@ -229,6 +237,15 @@ def main() -> None:  # noqa: D103
         help="what the joint ensemble reads of the graph branch",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="graphs per graph-branch step")
+    parser.add_argument(
+        "--virtual", action="store_true", help="a global node per graph after each round"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="graph branch's warm-up epochs (then a cosine)"
+    )
+    parser.add_argument(
+        "--ema", type=float, default=0.0, help="decay per step of the graph weights' average"
+    )
     parser.add_argument(
         "--graph-cache", metavar="FILE", help="invariant graphs stored here (read if present)"
     )

@@ -102,7 +102,15 @@ def scores(p, graphs: dict, y: dict, families: dict) -> dict:
                 idx = [i for i, f in enumerate(families[s]) if f == fam]
                 if len(idx) > 1:
                     row[(branch, s, fam)] = kendall_tau(truth[idx], pred[idx])
-    net.branches = "both"
+    net.branches, chosen = "both", float(net.graph_weight)
+    if net.combine in ("joint", "stack"):  # the joint ensemble at fixed weights
+        for beta in (0.5, 1.0):
+            net.graph_weight.fill_(beta)
+            for s in ("test", "test_arch"):
+                row[(f"joint@{beta}", s)] = kendall_tau(
+                    torch.tensor(y[s]), p.predict_graphs(graphs[s])
+                )
+        net.graph_weight.fill_(chosen)
     return row
 
 
@@ -168,9 +176,7 @@ def main() -> None:  # noqa: D103
             seed=a.seed,
             graphs=g["train"],
             val_graphs=g["val"],
-            epochs=a.epochs,
-            patience=a.patience,
-            **{**BASE, **opts},
+            **{"epochs": a.epochs, "patience": a.patience, **BASE, **opts},
         )
         rep, row = p.config["report"], scores(p, g, y, families)
         print(
@@ -190,6 +196,15 @@ def main() -> None:  # noqa: D103
                 f"test {row[(branch, 'test')]:.3f} test_arch "
                 f"{row[(branch, 'test_arch')]:.3f} | mlp / cnn / transformer "
                 + " / ".join(f"{v:.3f}" for v in fam),
+                flush=True,
+            )
+        if ("joint@0.5", "test") in row:
+            print(
+                "   joint at graph weight 0.5 / 1: "
+                + ", ".join(
+                    f"{row[(f'joint@{b}', 'test')]:.3f} / {row[(f'joint@{b}', 'test_arch')]:.3f}"
+                    for b in (0.5, 1.0)
+                ),
                 flush=True,
             )
         results[label] = {" ".join(k): v for k, v in row.items()}

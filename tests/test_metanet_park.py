@@ -383,3 +383,57 @@ def test_path_features_are_invariant_to_the_whole_group_and_see_the_coupling(det
         if g.kind == "permutation" and g.size > 1
     ]
     assert max(moved) > 1e-3  # a broken coupling between two layers shows in their product
+
+
+@pytest.mark.parametrize(
+    "aggregate,virtual", [("attention", False), ("attention", True), ("mean", True)]
+)
+def test_attention_and_virtual_node_are_invariant_and_saved(detected, tmp_path, aggregate, virtual):
+    members, p = _quick_fit(
+        detected, combine="joint", stat_readout=True, aggregate=aggregate, virtual=virtual
+    )
+    assert p.predict(members).shape == (len(members),)
+    torch.manual_seed(4)
+    torch.nn.init.normal_(p.net.head[-1].weight)
+    p.double()
+    p.net.branches = "graph"
+    for spec, sd in members[-1:] + members[2:3]:  # the transformer, the residual cnn
+        fn = lambda s, spec=spec: p.predict([(spec, s)])  # noqa: E731
+        assert invariance_error(fn, spec, sd, seeds=(7,)) <= 1e-5
+        assert_sensitive(fn, spec, sd, min_change=1e-10)
+    p.net.branches = "both"
+    p.save(tmp_path / "attention.safetensors")
+    q = load(tmp_path / "attention.safetensors")
+    assert (q.net.aggregate, q.net.virtual) == (aggregate, virtual)
+    assert torch.allclose(q.double().predict(members), p.predict(members), rtol=1e-9)
+
+
+def test_warmup_and_weight_average_fit_an_invariant_graph_branch(detected):
+    members, p = _quick_fit(
+        detected, combine="joint", stat_readout=True, warmup=1, ema=0.9, patience=3
+    )
+    assert p.predict(members).shape == (len(members),)
+    p.double()
+    p.net.branches = "graph"
+    fn, spec, sd = _on_transformer(p, members)
+    assert invariance_error(fn, spec, sd, seeds=(8,)) <= 1e-5
+
+
+def test_weight_average_is_what_the_graph_branch_keeps(detected):
+    """With ``ema`` the kept weights are the running average (at decay 1 it never moves
+    from the initial weights, whichever epoch validates best)."""
+    from wsym.metanet.fit import warmup_cosine
+
+    assert warmup_cosine(0, 3, 10) == 0.0 and warmup_cosine(3, 3, 10) == 1.0
+    assert warmup_cosine(10, 3, 10) == pytest.approx(0.0, abs=1e-12)
+    members = _members(detected, copies=3)
+    y = _norm_targets(members)
+
+    def graph_weights(**options):
+        p = fit_park(members, y, stat_epochs=3, hidden=8, members=2, patience=5, **options)
+        return torch.cat([v.flatten() for v in p.net.convs.parameters()])
+
+    start = graph_weights(epochs=0)
+    assert torch.equal(graph_weights(epochs=2, ema=1.0, lr=0.1), start)
+    with pytest.raises(WsymInputError, match="ema in"):
+        graph_weights(epochs=1, ema=1.5)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import time
 from dataclasses import dataclass, fields, replace
 
@@ -69,6 +70,13 @@ class FitConfig:
             validation members (0, the default: perceptrons only; see
             ``benchmarks/metanet_results.md`` for the ablation).
         tree_depth: depth of each tree.
+        warmup: epochs of linear learning-rate warm-up of the graph branch (0, the
+            default: none, and the cosine steps once per epoch); with it the rate is
+            set every step: up linearly over ``warmup`` epochs, then a cosine to 0 by
+            ``epochs``.
+        ema: decay per step of an exponential moving average of the graph branch's
+            weights (0, the default: none); with it the average is what each epoch's
+            validation reads and what is kept.
     """
 
     hidden: int = 32
@@ -87,6 +95,8 @@ class FitConfig:
     stat_lr: float = 1e-3
     trees: int = 0
     tree_depth: int = 3
+    warmup: int = 0
+    ema: float = 0.0
 
     @classmethod
     def of(cls, config: FitConfig | None, options: dict) -> FitConfig:
@@ -250,6 +260,8 @@ def graph_stage(
         patience=c.patience,
         seed=seed,
         on_epoch=on_epoch,
+        warmup=c.warmup,
+        ema=c.ema,
     )
 
 
@@ -313,11 +325,22 @@ def _train(
     patience,
     seed,
     on_epoch=None,
+    warmup: int = 0,
+    ema: float = 0.0,
 ) -> dict:
+    if warmup < 0 or not 0 <= ema <= 1:
+        raise WsymInputError(f"warmup is >= 0 and ema in [0, 1], got {warmup} and {ema}")
     net = predictor.net
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
+    steps = -(-len(graphs) // batch_size)  # per epoch (an upper bound: lone graphs skipped)
+    if warmup:
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: warmup_cosine(s, warmup * steps, max(epochs, 1) * steps)
+        )
+    else:
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
+    average = [p.detach().clone() for p in params] if ema else None
     gen = torch.Generator().manual_seed(seed)
     tau0 = kendall_tau(y_val[:, 0], _column(predictor.predict_graphs(val_graphs)))
     best = (tau0, 0, copy.deepcopy(net.state_dict()))
@@ -337,13 +360,23 @@ def _train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        schedule.step()
+            if warmup:
+                schedule.step()
+            if ema:
+                with torch.no_grad():
+                    for mean, p in zip(average, params, strict=True):
+                        mean.lerp_(p, 1 - ema)
+        if not warmup:
+            schedule.step()
+        raw = _swap(params, average) if ema else None  # validate (and keep) the average
         tau = kendall_tau(y_val[:, 0], _column(predictor.predict_graphs(val_graphs)))
         if on_epoch is not None:
             on_epoch(epoch, epochs, tau)
         if tau > best[0]:
             best = (tau, epoch, copy.deepcopy(net.state_dict()))
-        elif epoch - best[1] >= patience:
+        if ema:
+            _swap(params, raw)
+        if epoch - best[1] >= patience:
             break
     net.load_state_dict(best[2])
     net.eval()
@@ -358,6 +391,27 @@ def _train(
         "graphs_per_second": len(graphs) * epoch / seconds if seconds > 0 else float("nan"),
         "seed": seed,
     }
+
+
+def warmup_cosine(step: int, warm: int, total: int) -> float:
+    """The learning-rate factor at ``step``: linear up over ``warm`` steps, then a cosine to 0.
+
+    Example:
+        >>> [round(warmup_cosine(s, 2, 6), 2) for s in range(7)]
+        [0.0, 0.5, 1.0, 0.85, 0.5, 0.15, 0.0]
+    """
+    if step < warm:
+        return step / warm
+    return 0.5 * (1 + math.cos(math.pi * min(step - warm, total - warm) / max(total - warm, 1)))
+
+
+@torch.no_grad()
+def _swap(params: list, values: list) -> list:
+    """Set ``params`` to ``values``; their previous values."""
+    old = [p.detach().clone() for p in params]
+    for p, v in zip(params, values, strict=True):
+        p.copy_(v)
+    return old
 
 
 def _column(y: torch.Tensor) -> torch.Tensor:

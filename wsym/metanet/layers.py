@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
-from torch_geometric.utils import scatter
+from torch_geometric.utils import scatter, softmax
 
 from wsym.metanet.statistics import StatisticsEnsemble
 
@@ -117,6 +117,91 @@ class RoleConv(nn.Module):
         bwd = scatter(bwd, src * r + role, 0, dim_size=n * r, reduce="mean").view(n, -1)
         h = self.norm_h(h + self.node(torch.cat([h, fwd, bwd], dim=-1)))
         return h, e
+
+
+class AttentionConv(nn.Module):
+    r"""One round of edge updates and node updates by multi-head attention (NG-T style).
+
+    The edge update is :class:`EdgeNodeConv`'s. Each node then attends, with
+    ``heads`` heads, separately over its incoming and its outgoing edges: the query
+    is read from the node, the key and value from the neighbour and the edge between
+    them, and the weights are a softmax over that node's edges of one direction:
+
+    .. math::
+        a_{ij} = \operatorname{softmax}_{i \to j}
+        \frac{q(h_j) \cdot k_f([h_i, e_{ij}])}{\sqrt{d}}, \qquad
+        h_j \leftarrow h_j + \phi_h\big([h_j,\ \textstyle\sum_{i \to j} a_{ij}\,
+        v_f([h_i, e_{ij}]),\ \sum_{j \to k} b_{jk}\, v_b([h_k, e_{jk}])]\big).
+
+    A softmax over a set and a weighted sum are permutation equivariant, so the
+    layer is as equivariant as :class:`EdgeNodeConv` (a node without edges of a
+    direction receives zeros).
+
+    Example:
+        >>> conv = AttentionConv(8, heads=2)
+        >>> h, e = torch.randn(4, 8), torch.randn(3, 8)
+        >>> ei = torch.tensor([[0, 1, 2], [3, 3, 0]])
+        >>> [t.shape for t in conv(h, ei, e)]
+        [torch.Size([4, 8]), torch.Size([3, 8])]
+    """
+
+    def __init__(self, hidden: int, heads: int = 4):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+        self.heads = heads
+        self.edge = mlp(3 * hidden, hidden, hidden)
+        self.query = nn.Linear(hidden, 2 * hidden)  # forward and backward queries
+        self.forward_kv = nn.Linear(2 * hidden, 2 * hidden)
+        self.backward_kv = nn.Linear(2 * hidden, 2 * hidden)
+        self.node = mlp(3 * hidden, hidden, hidden)
+        self.norm_h, self.norm_e = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
+        """Updated ``(h (N, H), e (E, H))``."""
+        src, dst = edge_index
+        e = self.norm_e(e + self.edge(torch.cat([h[src], h[dst], e], dim=-1)))
+        q_f, q_b = self.query(h).chunk(2, dim=-1)
+        fwd = self._attend(q_f[dst], self.forward_kv(torch.cat([h[src], e], -1)), dst, len(h))
+        bwd = self._attend(q_b[src], self.backward_kv(torch.cat([h[dst], e], -1)), src, len(h))
+        h = self.norm_h(h + self.node(torch.cat([h, fwd, bwd], dim=-1)))
+        return h, e
+
+    def _attend(self, q: Tensor, kv: Tensor, index: Tensor, n: int) -> Tensor:
+        """``(n, H)``: per node ``index``, the attention-weighted sum of its edges' values."""
+        k, v = kv.chunk(2, dim=-1)
+        heads = self.heads
+        q, k, v = (t.reshape(len(t), heads, -1) for t in (q, k, v))
+        score = (q * k).sum(-1) / q.shape[-1] ** 0.5  # (E, heads)
+        a = softmax(score, index, num_nodes=n)
+        return scatter(a[..., None] * v, index, 0, dim_size=n, reduce="sum").reshape(n, -1)
+
+
+class VirtualNode(nn.Module):
+    r"""A per-graph global node that every node writes to (mean) and reads from.
+
+    .. math::
+        g_b = \operatorname{mean}_{j \in b} h_j, \qquad
+        h_j \leftarrow h_j + \phi([h_j, g_{b(j)}]),
+
+    so two rounds of message passing see the whole graph. A mean over a graph's
+    nodes is permutation invariant, so the update is equivariant.
+
+    Example:
+        >>> node = VirtualNode(8)
+        >>> node(torch.randn(5, 8), torch.tensor([0, 0, 0, 1, 1])).shape
+        torch.Size([5, 8])
+    """
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.update = mlp(2 * hidden, hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+
+    def forward(self, h: Tensor, graph: Tensor) -> Tensor:
+        """``(N, H)`` updated node features; ``graph (N,)``: each node's graph."""
+        g = scatter(h, graph, 0, reduce="mean")
+        return self.norm(h + self.update(torch.cat([h, g[graph]], dim=-1)))
 
 
 class TypedEncoder(nn.Module):

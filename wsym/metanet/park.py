@@ -60,7 +60,14 @@ from wsym.detect import detect
 from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.metanet.invariant import invariant_form
-from wsym.metanet.layers import EdgeNodeConv, RoleConv, TypedEncoder, mlp
+from wsym.metanet.layers import (
+    AttentionConv,
+    EdgeNodeConv,
+    RoleConv,
+    TypedEncoder,
+    VirtualNode,
+    mlp,
+)
 from wsym.metanet.statistics import QuantileNormal, StatisticsEnsemble
 from wsym.metanet.universal import (
     ATTR_ROLES,
@@ -83,7 +90,8 @@ COMBINE = ("blend", "residual", "joint", "boost", "stack")
 FOLDS = 2  # cross-fitting folds of combine="stack"
 JOINT_READS = ("readout", "head", "prediction")
 READOUTS = ("roles", "thirds")
-AGGREGATES = ("mean", "roles")
+AGGREGATES = ("mean", "roles", "attention")
+HEADS = 4  # attention heads of aggregate="attention"
 INPUTS = ("standard", "squashed")
 THIRDS = 3  # depth / forward-order buckets of the "thirds" readout
 
@@ -110,7 +118,11 @@ class ParkNet(nn.Module):
             in: a layer-resolved readout; depth and order are invariant labels).
         aggregate: ``"mean"`` (:class:`~wsym.metanet.layers.EdgeNodeConv`: one mean over
             all incoming / outgoing messages) or ``"roles"``
-            (:class:`~wsym.metanet.layers.RoleConv`: one mean per edge role).
+            (:class:`~wsym.metanet.layers.RoleConv`: one mean per edge role) or ``"attention"``
+            (:class:`~wsym.metanet.layers.AttentionConv`: :data:`HEADS`-head attention over
+            each node's incoming and outgoing edges, keys and values read from the edges).
+        virtual: after each message-passing round, a per-graph global node that every
+            node writes to and reads from (:class:`~wsym.metanet.layers.VirtualNode`).
         inputs: ``"standard"`` (node, attribute and edge features standardized per role)
             or ``"squashed"`` (then through asinh: robust to a family's heavy tails;
             :class:`~wsym.metanet.layers.TypedEncoder`).
@@ -139,6 +151,7 @@ class ParkNet(nn.Module):
         stats_members: int | None = None,
         joint_reads: str = "readout",
         auxiliary: int = 0,
+        virtual: bool = False,
     ):
         super().__init__()
         if branches not in BRANCHES:
@@ -153,6 +166,7 @@ class ParkNet(nn.Module):
             )
         self.branches, self.combine, self.stat_readout = branches, combine, stat_readout
         self.paths, self.readout, self.aggregate = paths, readout, aggregate
+        self.virtual = virtual
         if joint_reads not in JOINT_READS:
             raise WsymInputError(
                 f"joint_reads is one of {', '.join(JOINT_READS)}, got {joint_reads!r}"
@@ -165,9 +179,15 @@ class ParkNet(nn.Module):
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden, squash)
         roles = len(EDGE_ROLES)
         self.convs = nn.ModuleList(
-            RoleConv(hidden, roles) if aggregate == "roles" else EdgeNodeConv(hidden)
+            RoleConv(hidden, roles)
+            if aggregate == "roles"
+            else AttentionConv(hidden, _heads(hidden))
+            if aggregate == "attention"
+            else EdgeNodeConv(hidden)
             for _ in range(layers)
         )
+        if virtual:
+            self.virtual_nodes = nn.ModuleList(VirtualNode(hidden) for _ in range(layers))
         thirds = THIRDS if readout == "thirds" else 1
         groups = len(NODE_GROUPS) - 1 + thirds  # the hidden group split in thirds
         pooled = (2 * groups + roles * thirds) * hidden + DESCRIPTORS
@@ -203,6 +223,7 @@ class ParkNet(nn.Module):
                     stats_members=1,
                     joint_reads=joint_reads,
                     auxiliary=auxiliary,
+                    virtual=virtual,
                 )
                 for _ in range(FOLDS)
             )
@@ -274,11 +295,13 @@ class ParkNet(nn.Module):
         a = self.attr_enc(batch.attr_x.to(dtype), batch.attr_role)
         h = h + scatter(a, batch.attr_node, 0, dim_size=n, reduce="sum")
         e = self.edge_enc(batch.edge_x.to(dtype), batch.edge_role)
-        for conv in self.convs:
+        for k, conv in enumerate(self.convs):
             if self.aggregate == "roles":
                 h, e = conv(h, batch.edge_index, e, batch.edge_role)
             else:
                 h, e = conv(h, batch.edge_index, e)
+            if self.virtual:
+                h = self.virtual_nodes[k](h, batch.batch)
         group, k = batch.node_group, len(NODE_GROUPS)
         roles, r = batch.edge_role, len(EDGE_ROLES)
         if self.readout == "thirds":  # node_x[:, 0]: depth fraction; edge_x[:, 6]: order
@@ -296,6 +319,11 @@ class ParkNet(nn.Module):
             knots = self.path_normal.knots.dtype
             pooled.append(self.path_normal(batch.path_x.to(knots)).to(dtype))
         return torch.cat(pooled, dim=1)
+
+
+def _heads(hidden: int) -> int:
+    """:data:`HEADS`, or the largest divisor of ``hidden`` below it."""
+    return max(k for k in range(1, HEADS + 1) if hidden % k == 0)
 
 
 def _third(fraction: Tensor) -> Tensor:
@@ -492,6 +520,7 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         config.get("inputs", "standard"),
         joint_reads=config.get("joint_reads", "readout"),
         auxiliary=len(config.get("auxiliary", ())),
+        virtual=config.get("virtual", False),
     )
 
 

@@ -76,6 +76,7 @@ def fit_park(
     inputs: str = "standard",
     joint_reads: str = "readout",
     auxiliary: dict | None = None,
+    virtual: bool = False,
     predictor: ParkPredictor | None = None,
     graphs=None,
     val_graphs=None,
@@ -102,7 +103,8 @@ def fit_park(
         paths: the graph branch's readout also reads the cross-layer path features.
         readout: the graph branch's readout, ``"roles"`` or ``"thirds"``
             (:class:`~wsym.metanet.park.ParkNet`).
-        aggregate: its message aggregation, ``"mean"`` or ``"roles"``.
+        aggregate: its message aggregation, ``"mean"``, ``"roles"`` or ``"attention"``.
+        virtual: a per-graph global node after each message-passing round.
         inputs: its input scaling, ``"standard"`` or ``"squashed"`` (asinh after standardizing).
         joint_reads: what the joint ensemble (``combine="joint"`` / ``"stack"``) reads of the
             graph branch besides the statistics: ``"readout"``, ``"head"`` (the head's hidden
@@ -145,6 +147,7 @@ def fit_park(
         "inputs": inputs,
         "joint_reads": joint_reads,
         "auxiliary": sorted(auxiliary or {}),
+        "virtual": virtual,
     }
     torch.manual_seed(seed)
     net = network_of(meta, y.shape[1])
