@@ -162,28 +162,32 @@ def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]
     """
     exps = sorted(squares)
     n = squares[exps[0]].shape[0]
+    zero = torch.zeros(n, dtype=torch.float64)
+    inner = {e: inner.get(e, zero) for e in exps}
     low = min(min(2 * e, e) for e in exps)  # multiply by s^-low: every power >= 0
     degree = max(max(2 * e, e) for e in exps) - low
-    coef = torch.zeros(n, degree + 1, dtype=torch.float64)
+    cols: dict[int, torch.Tensor] = {}
     for e in exps:
-        coef[:, 2 * e - low] += e * squares[e]
-        coef[:, e - low] -= e * inner.get(e, torch.zeros(n, dtype=torch.float64))
-    lead = coef[:, -1]
+        cols[2 * e - low] = cols.get(2 * e - low, zero) + e * squares[e]
+        cols[e - low] = cols.get(e - low, zero) - e * inner[e]
+    lead = cols[degree]
     ok = lead.abs() > 1e-300
-    roots = torch.ones(n, max(degree, 1), dtype=torch.float64)
-    if degree >= 1 and bool(ok.any()):
-        roots[ok] = _positive_real_roots(coef[ok] / lead[ok, None])
-
-    def objective(s):
-        return sum(
-            squares[e][:, None] * s.pow(2 * e)
-            - 2 * inner.get(e, torch.zeros(n, dtype=torch.float64))[:, None] * s.pow(e)
-            for e in exps
-        )
-
+    if degree == 1:  # one root, -c_0 / c_1 (what the 1x1 companion matrix holds)
+        root = -(cols[0] / lead)
+        roots = torch.where(ok & (root > 0) & torch.isfinite(root), root, 1.0)[:, None]
+    else:
+        coef = torch.stack([cols.get(k, zero) for k in range(degree + 1)], dim=1)
+        if bool(ok.all()):
+            roots = _positive_real_roots(coef / lead[:, None])
+        else:
+            roots = torch.ones(n, degree, dtype=torch.float64)
+            if bool(ok.any()):
+                roots[ok] = _positive_real_roots(coef[ok] / lead[ok, None])
     cand = torch.cat([torch.ones(n, 1, dtype=torch.float64), roots], dim=1)
-    best = objective(cand).argmin(1)
-    return cand.gather(1, best[:, None]).squeeze(1)
+    value = sum(
+        squares[e][:, None] * cand.pow(2 * e) - 2 * inner[e][:, None] * cand.pow(e) for e in exps
+    )
+    return cand.gather(1, value.argmin(1)[:, None]).squeeze(1)
 
 
 def _positive_real_roots(monic: torch.Tensor) -> torch.Tensor:
