@@ -34,10 +34,11 @@ import torch
 
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
+from wsym.group.kinds.diagonal import class_vars
 from wsym.group.kinds.translation import mask
 from wsym.group.layout import class_params
 from wsym.group.spec import SymmetrySpec
-from wsym.group.units import block_matrices, unit_matrix, unit_sums
+from wsym.group.units import block_matrices, key_moments, unit_matrix, unit_moments
 
 SWEEPS = 50
 # Relative drop of D below which the sweeps stop (1e-10 before: the same barriers on every
@@ -130,19 +131,48 @@ def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
 def _fit_scales(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
     """Per unit, the best positive scale (global minimum of the 1-D objective)."""
     g = spec.groups[i]
-    squares = unit_sums(spec, cur, g)
+    squares, inner = unit_moments(spec, cur, ref, g)
     if not squares:
         return None
-    inner = unit_sums(spec, cur, g, other=ref)
     s = best_scales(squares, inner)
     if g.corrections:  # the BatchNorm weight's factor is outside the polynomial: check per unit
-        moved = act(spec, GroupElement(((i, s),)), cur)
-        before, after = (
-            _unit_mismatch(spec, g.cls, ref, cur),
-            _unit_mismatch(spec, g.cls, ref, moved),
-        )
-        s = torch.where(after < before, s, torch.ones_like(s))
+        s = torch.where(scale_change(spec, i, ref, cur, s, (squares, inner)) < 0, s, 1.0)
     return s if float((s - 1).abs().max()) > 0 else None
+
+
+def scale_change(spec: SymmetrySpec, i: int, ref: dict, cur: dict, s, moments=None) -> torch.Tensor:
+    """Per unit, the change of :func:`mismatch` when the scaling group ``i`` moves ``cur`` by ``s``.
+
+    ``sum_e A_e (s^(2e) - 1) - 2 B_e (s^e - 1)`` (``moments``: the ``A_e``, ``B_e`` of
+    :func:`~wsym.group.units.unit_moments`), plus, on each BatchNorm weight that
+    the group corrects by a factor ``c`` per unit (entries ``w``, reference ``r``),
+    ``(c^2 - 1) sum w^2 - 2 (c - 1) sum w r``. Where a corrected weight also has an
+    exponent in the group, the change is measured by acting (:func:`acted_change`).
+
+    Shapes:
+        ``s``: ``(n,)``; returns ``(n,)``.
+    """
+    g = spec.groups[i]
+    exps = dict(g.exponents)
+    if any(exps.get(v, 0) for w_key, *_ in g.corrections for v in class_vars(spec, w_key, g)):
+        return acted_change(spec, i, ref, cur, s)
+    squares, inner = moments if moments is not None else unit_moments(spec, cur, ref, g)
+    change = sum(squares[e] * (s.pow(2 * e) - 1) - 2 * inner[e] * (s.pow(e) - 1) for e in squares)
+    factors = kind_of(g).correction_factors(spec, g, s, cur) if g.corrections else {}
+    for key, c in factors.items():
+        w2, wr = key_moments(spec, cur, ref, g, key)
+        change = change + (c * c - 1) * w2 - 2 * (c - 1) * wr
+    return change
+
+
+def acted_change(spec: SymmetrySpec, i: int, ref: dict, cur: dict, s) -> torch.Tensor:
+    """:func:`scale_change` by acting: each unit's squared distance after, less before.
+
+    The plain reference of :func:`scale_change` (every entry of the unit, all tensors).
+    """
+    cls = spec.groups[i].cls
+    moved = act(spec, GroupElement(((i, s),)), cur)
+    return _unit_mismatch(spec, cls, ref, moved) - _unit_mismatch(spec, cls, ref, cur)
 
 
 def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]) -> torch.Tensor:
