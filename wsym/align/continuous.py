@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from wsym.group.elements import GroupElement, act
+from wsym.group.elements import GroupElement, act, acted_tensors
 from wsym.group.kinds import kind_of
 from wsym.group.kinds.diagonal import class_vars
 from wsym.group.kinds.translation import mask
@@ -57,12 +57,20 @@ def mismatch(spec: SymmetrySpec, ref: dict, other: dict) -> float:
         >>> mismatch(spec, sd, sd)
         0.0
     """
+    return sum(mismatch_terms(spec, ref, other).values())
+
+
+def mismatch_terms(spec: SymmetrySpec, ref: dict, other: dict, keys=None) -> dict[str, float]:
+    """The terms of :func:`mismatch`, ``{key: ||other_k - ref_k||^2}`` (of ``keys`` only if given).
+
+    In the spec's layout order, so that summing them gives :func:`mismatch` bit for bit.
+    """
     skip = set(spec.buffers)
-    return sum(
-        float((other[k].double() - ref[k].double()).pow(2).sum())
+    return {
+        k: float((other[k].double() - ref[k].double()).pow(2).sum())
         for k, _ in spec.layouts
-        if k not in skip and k in ref and ref[k].is_floating_point()
-    )
+        if k not in skip and (keys is None or k in keys) and k in ref and ref[k].is_floating_point()
+    }
 
 
 def fit_continuous(
@@ -89,27 +97,26 @@ def fit_continuous(
     """
     groups = [i for i, g in enumerate(spec.groups) if kind_of(g).continuous]
     comps: list = []
-    current, value = other, mismatch(spec, ref, other)
+    terms = mismatch_terms(spec, ref, other)  # kept per tensor: a step recomputes its own only
+    current, value = dict(other), sum(terms.values())
     for _ in range(sweeps):
         start = value
         for i in groups:
             step = _fit(spec, i, ref, current)
             if step is None:
                 continue
-            moved = act(spec, GroupElement(((i, step),)), current)
-            keys = [k for k in moved if moved[k] is not current.get(k)]
-            before, after = _partial(spec, ref, current, keys), _partial(spec, ref, moved, keys)
+            moved = acted_tensors(spec, i, step, current)
+            moved = {k: v for k, v in moved.items() if v is not current[k]}
+            new = mismatch_terms(spec, ref, moved, keys=moved)
+            before, after = sum(terms[k] for k in new), sum(new.values())
             if after < before:
-                current, value = moved, value - before + after
+                current.update(moved)
+                terms.update(new)
+                value = value - before + after
                 comps.append((i, step))
         if start - value <= tol * max(start, 1e-300):
             break
     return comps
-
-
-def _partial(spec: SymmetrySpec, ref: dict, sd: dict, keys) -> float:
-    """The terms of :func:`mismatch` on ``keys`` only (what one group's step changes)."""
-    return mismatch(spec, {k: ref[k] for k in keys if k in ref}, sd)
 
 
 def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
