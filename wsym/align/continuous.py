@@ -30,6 +30,9 @@ would raise ``D`` (round-off, a block holding a class twice) is dropped.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 
 from wsym.group.elements import GroupElement, act, acted_tensors
@@ -221,24 +224,27 @@ def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]
             if bool(ok.any()):
                 roots[ok] = _positive_real_roots(coef[ok] / lead[ok, None])
     cand = torch.cat([torch.ones(n, 1, dtype=torch.float64), roots], dim=1)
-    value = sum(
+    terms = (
         squares[e][:, None] * cand.pow(2 * e) - 2 * inner[e][:, None] * cand.pow(e) for e in exps
     )
+    value = functools.reduce(operator.add, terms)
     return cand.gather(1, value.argmin(1)[:, None]).squeeze(1)
 
 
 def _positive_real_roots(monic: torch.Tensor) -> torch.Tensor:
     """Per row, the roots of ``sum_k c_k s^k`` (``c_degree = 1``); non-real or non-positive -> 1."""
     n, d = monic.shape[0], monic.shape[1] - 1
-    comp = torch.zeros(n, d, d, dtype=torch.float64)
-    if d > 1:
-        comp[:, 1:, :-1] = torch.eye(d - 1, dtype=torch.float64)
-    comp[:, :, -1] = -monic[:, :-1]
+    comp = torch.cat([_shift(d).expand(n, d, d - 1), -monic[:, :-1, None]], dim=2)
     roots = torch.linalg.eigvals(comp)
     real = roots.real
     good = (roots.imag.abs() <= 1e-7 * roots.abs().clamp_min(1e-300)) & (real > 0)
-    good &= torch.isfinite(real)
-    return torch.where(good, real, torch.ones_like(real))
+    return torch.where(good & torch.isfinite(real), real, 1.0)
+
+
+@functools.cache
+def _shift(d: int) -> torch.Tensor:
+    """``(d, d - 1)``: the companion matrix's first ``d - 1`` columns (ones below the diagonal)."""
+    return torch.eye(d, dtype=torch.float64)[:, 1:]  # never written: expanded, then concatenated
 
 
 def _unit_mismatch(spec: SymmetrySpec, cls: int, ref: dict, cur: dict) -> torch.Tensor:
