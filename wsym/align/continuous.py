@@ -98,6 +98,27 @@ def fit_continuous(
         >>> mismatch(spec, sd, back) < 1e-20 < mismatch(spec, sd, moved)
         True
     """
+    return continuous_descent(spec, ref, other, sweeps=sweeps, tol=tol)[0]
+
+
+def continuous_descent(
+    spec: SymmetrySpec, ref: dict, other: dict, *, sweeps: int = SWEEPS, tol: float = TOL
+) -> tuple[list[tuple[int, object]], dict]:
+    """:func:`fit_continuous`'s components and ``other`` moved by them, step by step.
+
+    The state is the one each step's drop of the objective was measured on
+    (acting with the components at once, fused, agrees with it to round-off).
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> moved = spec.act(spec.sample(seed=1, kinds=["scaling"]), sd)
+        >>> comps, back = continuous_descent(spec, sd, moved)
+        >>> mismatch(spec, sd, back) < 1e-20 < mismatch(spec, sd, moved)
+        True
+    """
     groups = [i for i, g in enumerate(spec.groups) if kind_of(g).continuous]
     comps: list = []
     terms = mismatch_terms(spec, ref, other)  # kept per tensor: a step recomputes its own only
@@ -119,7 +140,7 @@ def fit_continuous(
                 comps.append((i, step))
         if start - value <= tol * max(start, 1e-300):
             break
-    return comps
+    return comps, current
 
 
 def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
