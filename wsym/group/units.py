@@ -21,9 +21,14 @@ from wsym.group.spec import Group, SymmetrySpec
 def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
     """Leaf-level blocks ``(block, leaves)`` holding an axis of class ``cls`` (only those read).
 
-    Which blocks those are is found once per spec; each is read by
+    Which blocks those are is found once per spec (:func:`_class_slots`); each is read by
     :func:`~wsym.group.layout.block_at`.
     """
+    return [block_at(spec, p, sd[p], b) for p, b in _class_slots(spec, cls, with_buffers)]
+
+
+def _class_slots(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> tuple:
+    """``((param, block number), ...)`` of the blocks with an axis of class ``cls``, memoized."""
 
     def where():
         out = []
@@ -32,10 +37,25 @@ def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = F
             out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
         return tuple(out)
 
-    return [
-        block_at(spec, p, sd[p], b)
-        for p, b in derived(spec, ("class_blocks", cls, with_buffers), where)
-    ]
+    return derived(spec, ("class_blocks", cls, with_buffers), where)
+
+
+def _exponent_slots(spec: SymmetrySpec, group: Group) -> tuple:
+    """``((param, block number, axis, exponent), ...)``: the class axes with an exponent, memoized.
+
+    In :func:`_class_blocks`' order, axes in order within a block (as :func:`unit_sums` reads).
+    """
+
+    def where():
+        exps = dict(group.exponents)
+        out = []
+        for p, b in _class_slots(spec, group.cls):
+            for ax, leaf in enumerate(_plan_leaves(block_plan(spec, p))[b]):
+                if leaf.cls == group.cls and exps.get(leaf.var, 0):
+                    out.append((p, b, ax, exps[leaf.var]))
+        return tuple(out)
+
+    return derived(spec, ("exponent_slots", group), where)
 
 
 def per_class_only(group: Group, who: str) -> None:
@@ -102,21 +122,16 @@ def unit_moments(
         every value ``(n,)``.
     """
     per_class_only(group, "alignment of scalings")
-    exps = dict(group.exponents)
     squares: dict[int, torch.Tensor] = {}
     inner: dict[int, torch.Tensor] = {}
-    pairs = zip(
-        _class_blocks(spec, sd, group.cls), _class_blocks(spec, other, group.cls), strict=True
-    )
-    for (block, lv), (second, _) in pairs:
-        for ax, leaf in enumerate(lv):
-            e = exps.get(leaf.var, 0)
-            if leaf.cls == group.cls and e:
-                rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-                squares[e] = squares.get(e, 0) + (rows * rows).sum(1)
-                inner[e] = inner.get(e, 0) + (rows * second.movedim(ax, 0).reshape(rows.shape)).sum(
-                    1
-                )
+    for p, b, ax, e in _exponent_slots(spec, group):
+        block, _ = block_at(spec, p, sd[p], b)
+        second, _ = block_at(spec, p, other[p], b)
+        if ax:
+            block, second = block.movedim(ax, 0), second.movedim(ax, 0)
+        rows = block.reshape(block.shape[0], -1)
+        squares[e] = squares.get(e, 0) + (rows * rows).sum(1)
+        inner[e] = inner.get(e, 0) + (rows * second.reshape(rows.shape)).sum(1)
     return squares, inner
 
 
