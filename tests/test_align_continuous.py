@@ -119,3 +119,30 @@ def test_balanced_procrustes_undoes_a_planted_gl_element_and_never_loses_to_the_
     eye = torch.eye(4, dtype=torch.float64).expand(3, 4, 4)
     assert step is not None
     assert (gl_objective(step, g, h, noisy, h_ref) <= gl_objective(eye, g, h, noisy, h_ref)).all()
+
+
+def test_scale_change_is_the_change_acting_measures(detected):
+    """The closed-form per-unit change of a BatchNorm scaling against acting (float64)."""
+    from wsym.align.continuous import acted_change, scale_change
+    from wsym.group.units import unit_moments, unit_sums
+
+    model, _, spec = detected("residual-cnn")
+    gen = torch.Generator().manual_seed(2)
+    ref = double(model.state_dict())
+    cur = {
+        k: torch.randn(v.shape, generator=gen, dtype=v.dtype) if v.is_floating_point() else v
+        for k, v in ref.items()
+    }
+    for key in spec.buffers:  # variances near eps: the BatchNorm weight's correction matters
+        if key.endswith("running_var"):
+            cur[key] = torch.rand(cur[key].shape, generator=gen, dtype=torch.float64) * 1e-4
+    groups = [i for i, g in enumerate(spec.groups) if g.kind in ("norm_scaling", "scaling")]
+    assert any(spec.groups[i].corrections for i in groups)
+    for i in groups:
+        g = spec.groups[i]
+        squares, inner = unit_moments(spec, cur, ref, g)
+        assert squares.keys() == unit_sums(spec, cur, g).keys() == inner.keys()
+        assert all(torch.equal(squares[e], unit_sums(spec, cur, g)[e]) for e in squares)
+        s = torch.exp(torch.randn(g.size, generator=gen, dtype=torch.float64))
+        fast, slow = scale_change(spec, i, ref, cur, s), acted_change(spec, i, ref, cur, s)
+        torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9 * float(slow.abs().max()))

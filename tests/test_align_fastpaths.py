@@ -268,3 +268,17 @@ def test_folded_canonicalizing_element_still_maps_onto_the_canonical_form(detect
 
 def _size(sd) -> float:
     return max(float(v.abs().max()) for v in sd.values() if v.is_floating_point() and v.numel())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_groups_tensors_acted_on_alone_are_what_act_gives(detected, name):
+    from wsym.group.elements import acted_tensors
+
+    _, _, spec = detected(name)
+    sd = double(_state(detected, name))
+    element = spec.sample(seed=5, scale=(0.5, 2.0))
+    for i, value in element.components:
+        whole = act(spec, GroupElement(((i, value),)), sd)
+        alone = {**sd, **acted_tensors(spec, i, value, sd)}
+        for key in sd:
+            torch.testing.assert_close(alone[key], whole[key], rtol=1e-15, atol=0, msg=key)

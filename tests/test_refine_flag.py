@@ -1,4 +1,8 @@
-"""``refine`` through ``wsym.merge`` and ``--refine`` on ``wsym align/merge/barrier``."""
+"""``refine`` through ``wsym.merge``; ``--refine`` on ``wsym align/merge/barrier``.
+
+Bad values of ``--refine``, ``--residual`` and ``--continuous`` share one check: one
+line, exit 2, before any checkpoint or model loads.
+"""
 
 import json
 import os
@@ -91,10 +95,38 @@ def test_merge_refuses_a_bad_refine_in_one_line(kwargs, fragment):
             + ["--continuous", "canonical"],
             "works with --continuous reference",
         ),
+        (["align", *MLP, "A", "A", "--out", "x.pt", "--residual", "spin"], "unknown --residual"),
+        (["merge", *MLP, "A", "A", "--out", "m.pt", "--continuous", "x"], "unknown --continuous"),
+        (
+            ["barrier", *MLP, "A", "A", "--data", "mnist1d", "--out", "b", "--continuous", "y"],
+            "'y'",
+        ),
+        (
+            ["align", *MLP, "A", "A", "--out", "x.pt", "--residual", "rotation"]
+            + ["--data", "mnist1d", "--continuous", "canonical"],
+            "--residual rotation works with --continuous reference",
+        ),
+        (
+            ["barrier", *MLP, "A", "A", "--data", "mnist1d", "--out", "b", "--residual", "rotation"]
+            + ["--align", "none"],
+            "drop --align none",
+        ),
     ],
 )
-def test_bad_refine_exits_2_in_one_line(capsys, files, tmp_path, monkeypatch, argv, fragment):  # noqa: F811
+def test_bad_alignment_options_exit_2_in_one_line(
+    capsys,
+    files,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    argv,
+    fragment,
+):
     monkeypatch.chdir(tmp_path)
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the options are checked before anything loads")
+
+    monkeypatch.setattr(CHECKPOINTS, "prepare", loads)
     code, stdout, err = run(capsys, *[files["a"] if a == "A" else a for a in argv])
     assert code == 2
     assert fragment in err

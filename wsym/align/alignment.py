@@ -35,7 +35,7 @@ import torch
 from wsym.align.assignment import assignment
 from wsym.align.biases import unmatched_biases, without
 from wsym.align.canonicalize import canonical_element
-from wsym.align.continuous import fit_continuous, mismatch
+from wsym.align.continuous import continuous_descent, mismatch
 from wsym.align.matching import plans, procrustes, weight_matching
 from wsym.align.settled import is_chain, settled_start
 from wsym.errors import WsymInputError
@@ -231,7 +231,7 @@ def reference_alignment(
 
     Each round matches the permutations (and signs, rotations) on the current
     weights, then fits every continuous group to ``ref``
-    (:func:`wsym.align.continuous.fit_continuous`); every step lowers the
+    (:func:`wsym.align.continuous.continuous_descent`); every step lowers the
     weight-matching objective or keeps it, and the rounds stop when a round
     lowers it by less than ``ROUND_TOL`` relative. With ``method="activations"``
     the permutations of classes with a traced site come from activations
@@ -279,7 +279,7 @@ def reference_alignment(
             warm=r > 0,
         )
         current = act(spec, GroupElement(tuple(perms)), current)
-        current = act(spec, GroupElement(tuple(fit_continuous(spec, ref, current))), current)
+        current = continuous_descent(spec, ref, current)[1]
         value = mismatch(spec, ref, current)
         if value <= lowest:
             best, lowest = current, value

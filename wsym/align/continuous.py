@@ -30,14 +30,18 @@ would raise ``D`` (round-off, a block holding a class twice) is dropped.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 
-from wsym.group.elements import GroupElement, act
+from wsym.group.elements import GroupElement, act, acted_tensors
 from wsym.group.kinds import kind_of
+from wsym.group.kinds.diagonal import class_vars
 from wsym.group.kinds.translation import mask
 from wsym.group.layout import class_params
 from wsym.group.spec import SymmetrySpec
-from wsym.group.units import block_matrices, unit_matrix, unit_sums
+from wsym.group.units import block_matrices, key_moments, unit_matrix, unit_moments
 
 SWEEPS = 50
 # Relative drop of D below which the sweeps stop (1e-10 before: the same barriers on every
@@ -56,12 +60,20 @@ def mismatch(spec: SymmetrySpec, ref: dict, other: dict) -> float:
         >>> mismatch(spec, sd, sd)
         0.0
     """
+    return sum(mismatch_terms(spec, ref, other).values())
+
+
+def mismatch_terms(spec: SymmetrySpec, ref: dict, other: dict, keys=None) -> dict[str, float]:
+    """The terms of :func:`mismatch`, ``{key: ||other_k - ref_k||^2}`` (of ``keys`` only if given).
+
+    In the spec's layout order, so that summing them gives :func:`mismatch` bit for bit.
+    """
     skip = set(spec.buffers)
-    return sum(
-        float((other[k].double() - ref[k].double()).pow(2).sum())
+    return {
+        k: float((other[k].double() - ref[k].double()).pow(2).sum())
         for k, _ in spec.layouts
-        if k not in skip and k in ref and ref[k].is_floating_point()
-    )
+        if k not in skip and (keys is None or k in keys) and k in ref and ref[k].is_floating_point()
+    }
 
 
 def fit_continuous(
@@ -86,29 +98,49 @@ def fit_continuous(
         >>> mismatch(spec, sd, back) < 1e-20 < mismatch(spec, sd, moved)
         True
     """
+    return continuous_descent(spec, ref, other, sweeps=sweeps, tol=tol)[0]
+
+
+def continuous_descent(
+    spec: SymmetrySpec, ref: dict, other: dict, *, sweeps: int = SWEEPS, tol: float = TOL
+) -> tuple[list[tuple[int, object]], dict]:
+    """:func:`fit_continuous`'s components and ``other`` moved by them, step by step.
+
+    The state is the one each step's drop of the objective was measured on
+    (acting with the components at once, fused, agrees with it to round-off).
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> moved = spec.act(spec.sample(seed=1, kinds=["scaling"]), sd)
+        >>> comps, back = continuous_descent(spec, sd, moved)
+        >>> mismatch(spec, sd, back) < 1e-20 < mismatch(spec, sd, moved)
+        True
+    """
     groups = [i for i, g in enumerate(spec.groups) if kind_of(g).continuous]
     comps: list = []
-    current, value = other, mismatch(spec, ref, other)
+    terms = mismatch_terms(spec, ref, other)  # kept per tensor: a step recomputes its own only
+    current, value = dict(other), sum(terms.values())
     for _ in range(sweeps):
         start = value
         for i in groups:
             step = _fit(spec, i, ref, current)
             if step is None:
                 continue
-            moved = act(spec, GroupElement(((i, step),)), current)
-            keys = [k for k in moved if moved[k] is not current.get(k)]
-            before, after = _partial(spec, ref, current, keys), _partial(spec, ref, moved, keys)
+            moved = acted_tensors(spec, i, step, current)
+            moved = {k: v for k, v in moved.items() if v is not current[k]}
+            new = mismatch_terms(spec, ref, moved, keys=moved)
+            before, after = sum(terms[k] for k in new), sum(new.values())
             if after < before:
-                current, value = moved, value - before + after
+                current.update(moved)
+                terms.update(new)
+                value = value - before + after
                 comps.append((i, step))
         if start - value <= tol * max(start, 1e-300):
             break
-    return comps
-
-
-def _partial(spec: SymmetrySpec, ref: dict, sd: dict, keys) -> float:
-    """The terms of :func:`mismatch` on ``keys`` only (what one group's step changes)."""
-    return mismatch(spec, {k: ref[k] for k in keys if k in ref}, sd)
+    return comps, current
 
 
 def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
@@ -130,19 +162,48 @@ def _fit(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
 def _fit_scales(spec: SymmetrySpec, i: int, ref: dict, cur: dict):
     """Per unit, the best positive scale (global minimum of the 1-D objective)."""
     g = spec.groups[i]
-    squares = unit_sums(spec, cur, g)
+    squares, inner = unit_moments(spec, cur, ref, g)
     if not squares:
         return None
-    inner = unit_sums(spec, cur, g, other=ref)
     s = best_scales(squares, inner)
     if g.corrections:  # the BatchNorm weight's factor is outside the polynomial: check per unit
-        moved = act(spec, GroupElement(((i, s),)), cur)
-        before, after = (
-            _unit_mismatch(spec, g.cls, ref, cur),
-            _unit_mismatch(spec, g.cls, ref, moved),
-        )
-        s = torch.where(after < before, s, torch.ones_like(s))
+        s = torch.where(scale_change(spec, i, ref, cur, s, (squares, inner)) < 0, s, 1.0)
     return s if float((s - 1).abs().max()) > 0 else None
+
+
+def scale_change(spec: SymmetrySpec, i: int, ref: dict, cur: dict, s, moments=None) -> torch.Tensor:
+    """Per unit, the change of :func:`mismatch` when the scaling group ``i`` moves ``cur`` by ``s``.
+
+    ``sum_e A_e (s^(2e) - 1) - 2 B_e (s^e - 1)`` (``moments``: the ``A_e``, ``B_e`` of
+    :func:`~wsym.group.units.unit_moments`), plus, on each BatchNorm weight that
+    the group corrects by a factor ``c`` per unit (entries ``w``, reference ``r``),
+    ``(c^2 - 1) sum w^2 - 2 (c - 1) sum w r``. Where a corrected weight also has an
+    exponent in the group, the change is measured by acting (:func:`acted_change`).
+
+    Shapes:
+        ``s``: ``(n,)``; returns ``(n,)``.
+    """
+    g = spec.groups[i]
+    exps = dict(g.exponents)
+    if any(exps.get(v, 0) for w_key, *_ in g.corrections for v in class_vars(spec, w_key, g)):
+        return acted_change(spec, i, ref, cur, s)
+    squares, inner = moments if moments is not None else unit_moments(spec, cur, ref, g)
+    change = sum(squares[e] * (s.pow(2 * e) - 1) - 2 * inner[e] * (s.pow(e) - 1) for e in squares)
+    factors = kind_of(g).correction_factors(spec, g, s, cur) if g.corrections else {}
+    for key, c in factors.items():
+        w2, wr = key_moments(spec, cur, ref, g, key)
+        change = change + (c * c - 1) * w2 - 2 * (c - 1) * wr
+    return change
+
+
+def acted_change(spec: SymmetrySpec, i: int, ref: dict, cur: dict, s) -> torch.Tensor:
+    """:func:`scale_change` by acting: each unit's squared distance after, less before.
+
+    The plain reference of :func:`scale_change` (every entry of the unit, all tensors).
+    """
+    cls = spec.groups[i].cls
+    moved = act(spec, GroupElement(((i, s),)), cur)
+    return _unit_mismatch(spec, cls, ref, moved) - _unit_mismatch(spec, cls, ref, cur)
 
 
 def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -162,42 +223,49 @@ def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]
     """
     exps = sorted(squares)
     n = squares[exps[0]].shape[0]
+    zero = torch.zeros(n, dtype=torch.float64)
+    inner = {e: inner.get(e, zero) for e in exps}
     low = min(min(2 * e, e) for e in exps)  # multiply by s^-low: every power >= 0
     degree = max(max(2 * e, e) for e in exps) - low
-    coef = torch.zeros(n, degree + 1, dtype=torch.float64)
+    cols: dict[int, torch.Tensor] = {}
     for e in exps:
-        coef[:, 2 * e - low] += e * squares[e]
-        coef[:, e - low] -= e * inner.get(e, torch.zeros(n, dtype=torch.float64))
-    lead = coef[:, -1]
+        cols[2 * e - low] = cols.get(2 * e - low, zero) + e * squares[e]
+        cols[e - low] = cols.get(e - low, zero) - e * inner[e]
+    lead = cols[degree]
     ok = lead.abs() > 1e-300
-    roots = torch.ones(n, max(degree, 1), dtype=torch.float64)
-    if degree >= 1 and bool(ok.any()):
-        roots[ok] = _positive_real_roots(coef[ok] / lead[ok, None])
-
-    def objective(s):
-        return sum(
-            squares[e][:, None] * s.pow(2 * e)
-            - 2 * inner.get(e, torch.zeros(n, dtype=torch.float64))[:, None] * s.pow(e)
-            for e in exps
-        )
-
+    if degree == 1:  # one root, -c_0 / c_1 (what the 1x1 companion matrix holds)
+        root = -(cols[0] / lead)
+        roots = torch.where(ok & (root > 0) & torch.isfinite(root), root, 1.0)[:, None]
+    else:
+        coef = torch.stack([cols.get(k, zero) for k in range(degree + 1)], dim=1)
+        if bool(ok.all()):
+            roots = _positive_real_roots(coef / lead[:, None])
+        else:
+            roots = torch.ones(n, degree, dtype=torch.float64)
+            if bool(ok.any()):
+                roots[ok] = _positive_real_roots(coef[ok] / lead[ok, None])
     cand = torch.cat([torch.ones(n, 1, dtype=torch.float64), roots], dim=1)
-    best = objective(cand).argmin(1)
-    return cand.gather(1, best[:, None]).squeeze(1)
+    terms = (
+        squares[e][:, None] * cand.pow(2 * e) - 2 * inner[e][:, None] * cand.pow(e) for e in exps
+    )
+    value = functools.reduce(operator.add, terms)
+    return cand.gather(1, value.argmin(1)[:, None]).squeeze(1)
 
 
 def _positive_real_roots(monic: torch.Tensor) -> torch.Tensor:
     """Per row, the roots of ``sum_k c_k s^k`` (``c_degree = 1``); non-real or non-positive -> 1."""
     n, d = monic.shape[0], monic.shape[1] - 1
-    comp = torch.zeros(n, d, d, dtype=torch.float64)
-    if d > 1:
-        comp[:, 1:, :-1] = torch.eye(d - 1, dtype=torch.float64)
-    comp[:, :, -1] = -monic[:, :-1]
+    comp = torch.cat([_shift(d).expand(n, d, d - 1), -monic[:, :-1, None]], dim=2)
     roots = torch.linalg.eigvals(comp)
     real = roots.real
     good = (roots.imag.abs() <= 1e-7 * roots.abs().clamp_min(1e-300)) & (real > 0)
-    good &= torch.isfinite(real)
-    return torch.where(good, real, torch.ones_like(real))
+    return torch.where(good & torch.isfinite(real), real, 1.0)
+
+
+@functools.cache
+def _shift(d: int) -> torch.Tensor:
+    """``(d, d - 1)``: the companion matrix's first ``d - 1`` columns (ones below the diagonal)."""
+    return torch.eye(d, dtype=torch.float64)[:, 1:]  # never written: expanded, then concatenated
 
 
 def _unit_mismatch(spec: SymmetrySpec, cls: int, ref: dict, cur: dict) -> torch.Tensor:

@@ -126,41 +126,58 @@ def _add_method(parser: argparse.ArgumentParser) -> None:
     _add_continuous(parser)
 
 
+def _continuous_options() -> dict[str, tuple[tuple[str, ...], str]]:
+    """``{flag: (choices, help)}`` of :func:`_add_continuous`, the first choice the default."""
+    from wsym.align.alignment import CONTINUOUS, REFINE, RESIDUAL
+
+    return {
+        "--continuous": (CONTINUOUS, "continuous groups: fitted to the reference or canonicalized"),
+        "--residual": (RESIDUAL, "residual stream: permuted or rotated (pre-LN; needs --data)"),
+        "--refine": (
+            REFINE,
+            "path: the continuous groups then fitted to the train loss along the path "
+            "(needs --data)",
+        ),
+    }
+
+
 def _add_continuous(parser: argparse.ArgumentParser) -> None:
     """``--continuous``, ``--residual`` and ``--refine``: how the non-permutation groups align.
 
-    ``--refine`` is checked by :func:`_check_refine` (one line, exit 2), not by argparse.
+    Their values are checked by :func:`_check_continuous` (one line, exit 2), not by argparse.
     """
-    from wsym.align.alignment import CONTINUOUS, REFINE, RESIDUAL
-
-    options = {
-        "--continuous": (CONTINUOUS, "continuous groups: fitted to the reference or canonicalized"),
-        "--residual": (RESIDUAL, "residual stream: permuted or rotated (pre-LN; needs --data)"),
-    }
-    for flag, (choices, text) in options.items():
+    for flag, (choices, text) in _continuous_options().items():
         parser.add_argument(
-            flag, choices=choices, default=choices[0], help=f"{text} (default {choices[0]})"
+            flag,
+            default=choices[0],
+            metavar="{" + ",".join(choices) + "}",
+            help=f"{text} (default {choices[0]})",
         )
-    parser.add_argument(
-        "--refine",
-        default=REFINE[0],
-        metavar="{" + ",".join(REFINE) + "}",
-        help="path: the continuous groups then fitted to the train loss along the path "
-        f"(needs --data; default {REFINE[0]})",
-    )
 
 
-def _check_refine(args: argparse.Namespace) -> None:
-    """A bad ``--refine`` in one line, before any work; ``path`` needs data."""
-    from wsym.align.alignment import REFINE
+def _check_continuous(args: argparse.Namespace) -> None:
+    """A bad ``--continuous``, ``--residual`` or ``--refine`` in one line, before any work.
 
-    if args.refine not in REFINE:
-        raise WsymInputError(f"unknown --refine {args.refine!r}; use one of {', '.join(REFINE)}")
-    if args.refine != REFINE[0] and args.continuous != "reference":
-        raise WsymInputError(
-            f"--refine {args.refine} works with --continuous reference, not {args.continuous}"
-        )
-    _need_data(args, args.refine == "path", "--refine path")
+    An unknown value names the choices; ``--residual rotation`` and ``--refine path``
+    work with ``--continuous reference`` only, need ``--data``, and (``wsym barrier``)
+    an alignment.
+    """
+    options = _continuous_options()
+    for flag, (choices, _) in options.items():
+        value = getattr(args, flag[2:])
+        if value not in choices:
+            raise WsymInputError(f"unknown {flag} {value!r}; use one of {', '.join(choices)}")
+    for flag in ("--residual", "--refine"):
+        value = getattr(args, flag[2:])
+        if value == options[flag][0][0]:
+            continue
+        if args.continuous != "reference":
+            raise WsymInputError(
+                f"{flag} {value} works with --continuous reference, not {args.continuous}"
+            )
+        _need_data(args, True, f"{flag} {value}")
+        if getattr(args, "align", None) == "none":
+            raise WsymInputError(f"{flag} {value} acts on an alignment; drop --align none")
 
 
 def _add_statistics(parser: argparse.ArgumentParser, where: str) -> None:
@@ -199,8 +216,7 @@ def run_align(args: argparse.Namespace) -> int:
 
     out = check_state_dict_out(args.out)
     _need_data(args, args.method != "weights", f"--method {args.method}")
-    _need_data(args, args.residual == "rotation", "--residual rotation")
-    _check_refine(args)
+    _check_continuous(args)
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
@@ -236,8 +252,7 @@ def run_merge(args: argparse.Namespace) -> int:
     _need_data(args, args.method != "weights", f"--method {args.method}")
     _need_data(args, args.reset_batchnorm, "--reset-batchnorm")
     _need_data(args, args.repair, "--repair")
-    _need_data(args, args.residual == "rotation", "--residual rotation")
-    _check_refine(args)
+    _check_continuous(args)
     job = prepare(args, args.checkpoints)
     matching = matching_batches(job.data, args.split, args.batch_size) if job.data else None
     if args.repair:  # the statistics are measured on the whole split
@@ -278,9 +293,7 @@ def run_barrier(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     if args.steps < 2:
         raise WsymInputError(f"--steps must be at least 2 (both endpoints), got {args.steps}")
-    _check_refine(args)
-    if args.refine != "none" and args.align == "none":
-        raise WsymInputError(f"--refine {args.refine} refines an alignment; drop --align none")
+    _check_continuous(args)
     job = prepare(args, [args.a, args.b], loss=True)
     sd_a, sd_b = job.states
     curves = {"naive": _curve(job, sd_a, sd_b, args)}

@@ -108,6 +108,36 @@ def act(spec: SymmetrySpec, g: GroupElement, state_dict: dict) -> dict:
     return out
 
 
+def acted_tensors(spec: SymmetrySpec, i: int, value, state: dict) -> dict:
+    """The tensors of ``state`` that group ``i`` moved by ``value`` changes, acted on.
+
+    Its kind's :meth:`~wsym.group.kinds.base.Kind.act` alone (aliases of those
+    tensors included): no checks, no schedule, the other tensors neither read nor
+    copied. For the repeated single-group steps of a fit on a state that
+    :func:`act` has checked; ``{**state, **acted_tensors(...)}`` is
+    ``act(spec, GroupElement(((i, value),)), state)``.
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
+        >>> s = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+        >>> moved = acted_tensors(spec, 1, s, sd)
+        >>> sorted(moved) == sorted(spec.groups[1].params)
+        True
+        >>> whole = act(spec, GroupElement(((1, s),)), sd)
+        >>> all(torch.equal(moved[k], whole[k]) for k in moved)
+        True
+    """
+    group = spec.groups[i]
+    out = kind_of(group).act(spec, group, value, state)
+    for alias, key in spec.aliases:
+        if key in out:
+            out[alias] = out[key]
+    return out
+
+
 def _schedule(spec: SymmetrySpec, g: GroupElement) -> list[tuple[bool, list]]:
     """``g``'s parts in phases ``[(fused, [(group, value), ...])]``, applied in turn.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from wsym.group.layout import block_at, block_plan, class_params, gather
+from wsym.group.layout import block_at, block_plan, blocks_with, class_params, gather
 from wsym.group.layout import plan_leaves as _plan_leaves
 from wsym.group.memo import derived
 from wsym.group.spec import Group, SymmetrySpec
@@ -21,9 +21,14 @@ from wsym.group.spec import Group, SymmetrySpec
 def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> list:
     """Leaf-level blocks ``(block, leaves)`` holding an axis of class ``cls`` (only those read).
 
-    Which blocks those are is found once per spec; each is read by
+    Which blocks those are is found once per spec (:func:`_class_slots`); each is read by
     :func:`~wsym.group.layout.block_at`.
     """
+    return [block_at(spec, p, sd[p], b) for p, b in _class_slots(spec, cls, with_buffers)]
+
+
+def _class_slots(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> tuple:
+    """``((param, block number), ...)`` of the blocks with an axis of class ``cls``, memoized."""
 
     def where():
         out = []
@@ -32,10 +37,25 @@ def _class_blocks(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = F
             out.extend((p, b) for b, lv in enumerate(lvs) if any(leaf.cls == cls for leaf in lv))
         return tuple(out)
 
-    return [
-        block_at(spec, p, sd[p], b)
-        for p, b in derived(spec, ("class_blocks", cls, with_buffers), where)
-    ]
+    return derived(spec, ("class_blocks", cls, with_buffers), where)
+
+
+def _exponent_slots(spec: SymmetrySpec, group: Group) -> tuple:
+    """``((param, block number, axis, exponent), ...)``: the class axes with an exponent, memoized.
+
+    In :func:`_class_blocks`' order, axes in order within a block (as :func:`unit_sums` reads).
+    """
+
+    def where():
+        exps = dict(group.exponents)
+        out = []
+        for p, b in _class_slots(spec, group.cls):
+            for ax, leaf in enumerate(_plan_leaves(block_plan(spec, p))[b]):
+                if leaf.cls == group.cls and exps.get(leaf.var, 0):
+                    out.append((p, b, ax, exps[leaf.var]))
+        return tuple(out)
+
+    return derived(spec, ("exponent_slots", group), where)
 
 
 def per_class_only(group: Group, who: str) -> None:
@@ -75,30 +95,69 @@ def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torc
 
 
 def unit_sums(
-    spec: SymmetrySpec, sd: dict, group: Group, power: int = 2, other: dict | None = None
+    spec: SymmetrySpec, sd: dict, group: Group, power: int = 2
 ) -> dict[int, torch.Tensor]:
-    """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters.
-
-    With ``other``, the per-unit sums of ``entry * other's entry`` instead (``power`` unused).
-    """
+    """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
     per_class_only(group, "canonicalization of scalings")
     exps = dict(group.exponents)
     out: dict[int, torch.Tensor] = {}
-    pairs = _class_blocks(spec, sd, group.cls)
-    seconds = _class_blocks(spec, other, group.cls) if other is not None else pairs
-    for (block, lv), (second, _) in zip(pairs, seconds, strict=True):
+    for block, lv in _class_blocks(spec, sd, group.cls):
         for ax, leaf in enumerate(lv):
             e = exps.get(leaf.var, 0)
             if leaf.cls == group.cls and e:
                 rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-                if other is not None:
-                    rows = (rows * second.movedim(ax, 0).reshape(rows.shape)).sum(1)
-                elif power == 2:
-                    rows = (rows * rows).sum(1)
-                else:
-                    rows = rows.abs().pow(power).sum(1)
+                rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
                 out[e] = out.get(e, 0) + rows
     return out
+
+
+def unit_moments(
+    spec: SymmetrySpec, sd: dict, other: dict, group: Group
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Scaling group: per exponent, the per-unit sums of ``entry**2`` and ``entry * other's``.
+
+    Both from one read of each block (``unit_sums(spec, sd, group)`` is the first).
+
+    Shapes:
+        every value ``(n,)``.
+    """
+    per_class_only(group, "alignment of scalings")
+    squares: dict[int, torch.Tensor] = {}
+    inner: dict[int, torch.Tensor] = {}
+    for p, b, ax, e in _exponent_slots(spec, group):
+        block, _ = block_at(spec, p, sd[p], b)
+        second, _ = block_at(spec, p, other[p], b)
+        if ax:
+            block, second = block.movedim(ax, 0), second.movedim(ax, 0)
+        rows = block.reshape(block.shape[0], -1)
+        squares[e] = squares.get(e, 0) + (rows * rows).sum(1)
+        inner[e] = inner.get(e, 0) + (rows * second.reshape(rows.shape)).sum(1)
+    return squares, inner
+
+
+def key_moments(
+    spec: SymmetrySpec, sd: dict, other: dict, group: Group, key: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per unit of ``group``'s class, the sums of ``entry**2`` and ``entry * other's`` over ``key``.
+
+    Every entry of ``key`` on the unit counts, whatever its exponent (a BatchNorm
+    weight that a ``norm_scaling`` corrects).
+
+    Shapes:
+        returns two ``(n,)``.
+    """
+    squares = torch.zeros(group.size, dtype=sd[key].dtype)
+    inner = torch.zeros(group.size, dtype=sd[key].dtype)
+    for b in blocks_with(spec, key, group.cls):
+        (block, lv), (second, _) = (
+            block_at(spec, key, sd[key], b),
+            block_at(spec, key, other[key], b),
+        )
+        ax = next(i for i, leaf in enumerate(lv) if leaf.cls == group.cls)
+        rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
+        squares = squares + (rows * rows).sum(1)
+        inner = inner + (rows * second.movedim(ax, 0).reshape(rows.shape)).sum(1)
+    return squares, inner
 
 
 def odd_rows(

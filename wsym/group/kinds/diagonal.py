@@ -143,11 +143,11 @@ class NormScaling(Scaling):
         """As scaling, then each corrected BatchNorm weight times its factor (as :meth:`act`)."""
         parts = super().chain_parts(spec, group, value, state)
         mode = "factor" if not group.index else ""
-        for key, f in self._factors(spec, group, value, state).items():
+        for key, f in self.correction_factors(spec, group, value, state).items():
             parts.append(((key,), (group.cls, _unit_fn(group, f), mode, _unit_key)))
         return parts
 
-    def _factors(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict:
+    def correction_factors(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict:
         """Per corrected weight, the factor of each unit (from the running variance before)."""
         factors = {}
         for w_key, rv_key, eps, u in group.corrections:
@@ -157,7 +157,7 @@ class NormScaling(Scaling):
 
     def act(self, spec: SymmetrySpec, group: Group, value, state: dict) -> dict[str, Tensor]:
         """Scale, then correct the BatchNorm weights (factors from the running var before)."""
-        factors = self._factors(spec, group, value, state)
+        factors = self.correction_factors(spec, group, value, state)
         out = super().act(spec, group, value, state)
         for key, f in factors.items():
             out[key] = map_blocks(
@@ -185,7 +185,7 @@ class NormScaling(Scaling):
         out = super().generator_adjoint(spec, group, state, y)
         for key, d in self._corrections(spec, group, state):
             if key in y:
-                ones = {leaf_var: 1 for leaf_var in _class_vars(spec, key, group)}
+                ones = {leaf_var: 1 for leaf_var in class_vars(spec, key, group)}
                 out = out + d * _unit_sums(spec, key, state[key] * y[key], group, ones)
         return out
 
@@ -252,7 +252,8 @@ def _unit_sums(spec: SymmetrySpec, key: str, t: Tensor, group: Group, exps: dict
     return out
 
 
-def _class_vars(spec: SymmetrySpec, key: str, group: Group) -> set[int]:
+def class_vars(spec: SymmetrySpec, key: str, group: Group) -> set[int]:
+    """The leaf variables of ``key``'s axes that belong to ``group``'s class."""
     from wsym.group.spec import leaves
 
     return {leaf.var for t in spec.layout[key] for leaf in leaves(t) if leaf.cls == group.cls}
