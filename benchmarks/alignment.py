@@ -36,7 +36,7 @@ A's basis with
 * ``wsym rotation path``: ``rotation act``, then ``refine="path"``: the continuous groups
   (the stream rotation, each head's GL elements, the MLP units' scales) fitted by
   gradient descent to the training loss along the path from A (cross-entropy on the
-  same 4 train batches of 256, 50 steps; ``t`` drawn per step by the visiting order's
+  same 4 train batches of 256, 100 steps; ``t`` drawn per step by the visiting order's
   seed);
 * ``wsym perm only``: wsym's weight matching alone (permutations and signs, as
   rebasin does; no continuous group fitted);

@@ -36,10 +36,7 @@ from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
 
-# Adam steps. 100 before: on the transformer pairs of benchmarks/alignment.py (5 orders,
-# exploratory runs) 50 steps took the train barrier from 7% to 9% of naive (tiny transformer)
-# and from 6% to 11% (ViT) at about 60% of the time; 25 steps to 11% and 16% (one ViT order 26%).
-STEPS = 50
+STEPS = 100
 LR = 1e-2
 # The fixed grid the result is checked on (the interior points of an 11-point path).
 GRID = tuple(i / 10 for i in range(1, 10))
