@@ -72,6 +72,21 @@ def _random_predictor(members, seed=0):
     return p.double()
 
 
+def _graph_branch_invariant_and_sensitive(p, members, seed, element):
+    """With a random graph head, ``p``'s graph branch alone is invariant to the whole group
+    (random element ``element``) and moves with the weights, on the transformer and the
+    residual CNN; ``p`` is left in float64 with both branches."""
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(p.net.head[-1].weight)
+    p.double()
+    p.net.branches = "graph"
+    for spec, sd in members[-1:] + members[2:3]:  # the transformer, the residual cnn
+        fn = lambda s, spec=spec: p.predict([(spec, s)])  # noqa: E731
+        assert invariance_error(fn, spec, sd, seeds=(element,)) <= 1e-5
+        assert_sensitive(fn, spec, sd, min_change=1e-10)
+    p.net.branches = "both"
+
+
 def test_universal_features_have_one_width_for_every_architecture(detected):
     members = _members(detected)
     widths = set()
@@ -319,15 +334,7 @@ def test_readout_aggregation_and_input_options_are_invariant_and_saved(
         aggregate=aggregate,
         inputs=inputs,
     )
-    torch.manual_seed(3)
-    torch.nn.init.normal_(p.net.head[-1].weight)
-    p.double()
-    p.net.branches = "graph"
-    for spec, sd in members[-1:] + members[2:3]:  # the transformer, the residual cnn
-        fn = lambda s, spec=spec: p.predict([(spec, s)])  # noqa: E731
-        assert invariance_error(fn, spec, sd, seeds=(6,)) <= 1e-5
-        assert_sensitive(fn, spec, sd, min_change=1e-10)
-    p.net.branches = "both"
+    _graph_branch_invariant_and_sensitive(p, members, seed=3, element=6)
     p.save(tmp_path / "thirds.safetensors")
     q = load(tmp_path / "thirds.safetensors")
     assert (q.net.readout, q.net.aggregate, q.net.inputs) == (readout, aggregate, inputs)
@@ -393,15 +400,7 @@ def test_attention_and_virtual_node_are_invariant_and_saved(detected, tmp_path, 
         detected, combine="joint", stat_readout=True, aggregate=aggregate, virtual=virtual
     )
     assert p.predict(members).shape == (len(members),)
-    torch.manual_seed(4)
-    torch.nn.init.normal_(p.net.head[-1].weight)
-    p.double()
-    p.net.branches = "graph"
-    for spec, sd in members[-1:] + members[2:3]:  # the transformer, the residual cnn
-        fn = lambda s, spec=spec: p.predict([(spec, s)])  # noqa: E731
-        assert invariance_error(fn, spec, sd, seeds=(7,)) <= 1e-5
-        assert_sensitive(fn, spec, sd, min_change=1e-10)
-    p.net.branches = "both"
+    _graph_branch_invariant_and_sensitive(p, members, seed=4, element=7)
     p.save(tmp_path / "attention.safetensors")
     q = load(tmp_path / "attention.safetensors")
     assert (q.net.aggregate, q.net.virtual) == (aggregate, virtual)

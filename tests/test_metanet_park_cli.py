@@ -78,7 +78,11 @@ def test_predict_accepts_a_park_architecture_no_zoo_member_has(tmp_path, capsys)
 
     zoo = load(PARK_ZOO)
     seen = {json.dumps(r["architecture"], sort_keys=True) for r in zoo.table}
-    new = [c for c in architecture_space(zoo.manifest["config"]) if json.dumps(c, sort_keys=True) not in seen]
+    new = [
+        c
+        for c in architecture_space(zoo.manifest["config"])
+        if json.dumps(c, sort_keys=True) not in seen
+    ]
     cnn = next(c for c in new if c["name"] == "park_cnn1d")
     torch.manual_seed(0)
     ckpt = tmp_path / "new.safetensors"

@@ -30,7 +30,11 @@ def _text(config):
 def test_park_space_lists_every_architecture_once_held_out_ones_included():
     park = load_preset("mnist1d-park")
     space = architecture_space(park)
-    assert Counter(c["name"] for c in space) == {"mlp": 64, "park_cnn1d": 126, "patch_transformer": 36}
+    assert Counter(c["name"] for c in space) == {
+        "mlp": 64,
+        "park_cnn1d": 126,
+        "patch_transformer": 36,
+    }
     texts = {_text(c) for c in space}
     assert len(texts) == len(space)
     assert {_text(c) for c in heldout_architectures(park)} <= texts
@@ -65,7 +69,9 @@ def test_space_detects_each_architecture_once():
     assert [c for c, _ in found] == [{**cnn, "residual": 0}, cnn]
     for _, spec in found:
         assert {g.kind for g in spec.groups} >= {"permutation", "scaling", "norm_scaling"}
-    assert all(a is b for (_, a), (_, b) in zip(space.specs_with(_signature(cnn)), found))
+    assert all(
+        a is b for (_, a), (_, b) in zip(space.specs_with(_signature(cnn)), found, strict=True)
+    )
 
 
 def test_park_predictor_reads_a_bare_checkpoint_of_an_architecture_it_never_saw(tmp_path):

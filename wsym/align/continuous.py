@@ -107,17 +107,9 @@ def continuous_descent(
     """:func:`fit_continuous`'s components and ``other`` moved by them, step by step.
 
     The state is the one each step's drop of the objective was measured on
-    (acting with the components at once, fused, agrees with it to round-off).
-
-    Example:
-        >>> import torch, wsym
-        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
-        >>> sd = {k: v.double() for k, v in mlp.state_dict().items()}
-        >>> moved = spec.act(spec.sample(seed=1, kinds=["scaling"]), sd)
-        >>> comps, back = continuous_descent(spec, sd, moved)
-        >>> mismatch(spec, sd, back) < 1e-20 < mismatch(spec, sd, moved)
-        True
+    (acting with the components at once, fused, agrees with it to round-off):
+    in :func:`fit_continuous`'s example, ``comps, back = continuous_descent(spec,
+    sd, moved)`` gives ``back`` without acting again.
     """
     groups = [i for i, g in enumerate(spec.groups) if kind_of(g).continuous]
     comps: list = []

@@ -353,9 +353,7 @@ class ParkPredictor:
             (bare state dicts of any of its architectures are accepted), or ``None``.
     """
 
-    def __init__(
-        self, net: ParkNet, specs: dict, config: dict, example_inputs=None, space=None
-    ):
+    def __init__(self, net: ParkNet, specs: dict, config: dict, example_inputs=None, space=None):
         self.net, self.config, self.space = net, config, space
         if example_inputs is None and space is not None:
             example_inputs = space.example_inputs

@@ -390,8 +390,8 @@ def fit_zoo(
     members with non-finite weights (diverged in training) are left out.
     The predictor carries the architecture space of the zoo's preset
     (:func:`zoo_space`), so it reads bare state dicts of every architecture the
-    preset can draw. Returns the predictor and ``{split: Kendall tau}`` on ``test`` and ``test_arch``
-    (the held-out members and architectures; absent splits left out). Its
+    preset can draw. Returns the predictor and ``{split: Kendall tau}`` on ``test``
+    and ``test_arch`` (the held-out members and architectures; absent splits left out). Its
     ``config["card"]`` has the split sizes, the taus and ``timing`` (seconds per stage).
     """
     clock = time.perf_counter()
