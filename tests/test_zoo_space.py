@@ -100,7 +100,7 @@ def test_park_predictor_reads_a_bare_checkpoint_of_an_architecture_it_never_saw(
     assert torch.isfinite(torch.tensor(y))
     p.save(tmp_path / "p.safetensors")
     q = load_metanet(tmp_path / "p.safetensors")
-    known = {_text(r["architecture"]) for i in sum(ids.values(), []) for r in [zoo.row(i)]}
+    known = {_text(zoo.row(i)["architecture"]) for v in ids.values() for i in v}
     assert {_text(c) for c in known_configs(q)} >= known  # stored, not detected again
     assert float(q.predict(sd)) == pytest.approx(y, rel=1e-6)
 

@@ -42,13 +42,13 @@ def estimate_park_seconds(zoo: Any, ids: dict, options: dict, graph_fits: int) -
     branch).
     """
     from wsym.metanet.fit import FitConfig
-    from wsym.metanet.park_fit import fit_park, zoo_members
+    from wsym.metanet.park_fit import fit_park, zoo_members, zoo_specs
 
     few = ids["train"][:_CALIBRATION_MEMBERS]
     if len(few) < 4:
         return {}
     start = time.perf_counter()
-    cache = zoo.__dict__.setdefault("_park_specs", {})
+    cache = zoo_specs(zoo)
     known = len(cache)
     members = zoo_members(zoo, few)
     per_arch = (time.perf_counter() - start) / max(len(cache) - known, 1)

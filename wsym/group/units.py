@@ -125,13 +125,9 @@ def unit_moments(
     squares: dict[int, torch.Tensor] = {}
     inner: dict[int, torch.Tensor] = {}
     for p, b, ax, e in _exponent_slots(spec, group):
-        block, _ = block_at(spec, p, sd[p], b)
-        second, _ = block_at(spec, p, other[p], b)
-        if ax:
-            block, second = block.movedim(ax, 0), second.movedim(ax, 0)
-        rows = block.reshape(block.shape[0], -1)
-        squares[e] = squares.get(e, 0) + (rows * rows).sum(1)
-        inner[e] = inner.get(e, 0) + (rows * second.reshape(rows.shape)).sum(1)
+        sq, cross = _block_moments(spec, p, sd, other, b, ax)
+        squares[e] = squares.get(e, 0) + sq
+        inner[e] = inner.get(e, 0) + cross
     return squares, inner
 
 
@@ -148,16 +144,22 @@ def key_moments(
     """
     squares = torch.zeros(group.size, dtype=sd[key].dtype)
     inner = torch.zeros(group.size, dtype=sd[key].dtype)
+    leaves = _plan_leaves(block_plan(spec, key))
     for b in blocks_with(spec, key, group.cls):
-        (block, lv), (second, _) = (
-            block_at(spec, key, sd[key], b),
-            block_at(spec, key, other[key], b),
-        )
-        ax = next(i for i, leaf in enumerate(lv) if leaf.cls == group.cls)
-        rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-        squares = squares + (rows * rows).sum(1)
-        inner = inner + (rows * second.movedim(ax, 0).reshape(rows.shape)).sum(1)
+        ax = next(i for i, leaf in enumerate(leaves[b]) if leaf.cls == group.cls)
+        sq, cross = _block_moments(spec, key, sd, other, b, ax)
+        squares, inner = squares + sq, inner + cross
     return squares, inner
+
+
+def _block_moments(spec: SymmetrySpec, key: str, sd: dict, other: dict, b: int, ax: int):
+    """Per row along axis ``ax`` of block ``b`` of ``key``: sums of squares and of products."""
+    block, _ = block_at(spec, key, sd[key], b)
+    second, _ = block_at(spec, key, other[key], b)
+    if ax:
+        block, second = block.movedim(ax, 0), second.movedim(ax, 0)
+    rows = block.reshape(block.shape[0], -1)
+    return (rows * rows).sum(1), (rows * second.reshape(rows.shape)).sum(1)
 
 
 def odd_rows(

@@ -178,14 +178,7 @@ class ParkNet(nn.Module):
         self.attr_enc = TypedEncoder(len(ATTR_ROLES), ATTR_WIDTH, hidden, squash)
         self.edge_enc = TypedEncoder(len(EDGE_ROLES), EDGE_WIDTH, hidden, squash)
         roles = len(EDGE_ROLES)
-        self.convs = nn.ModuleList(
-            RoleConv(hidden, roles)
-            if aggregate == "roles"
-            else AttentionConv(hidden, _heads(hidden))
-            if aggregate == "attention"
-            else EdgeNodeConv(hidden)
-            for _ in range(layers)
-        )
+        self.convs = nn.ModuleList(_conv(aggregate, hidden, roles) for _ in range(layers))
         if virtual:
             self.virtual_nodes = nn.ModuleList(VirtualNode(hidden) for _ in range(layers))
         thirds = THIRDS if readout == "thirds" else 1
@@ -321,9 +314,13 @@ class ParkNet(nn.Module):
         return torch.cat(pooled, dim=1)
 
 
-def _heads(hidden: int) -> int:
-    """:data:`HEADS`, or the largest divisor of ``hidden`` below it."""
-    return max(k for k in range(1, HEADS + 1) if hidden % k == 0)
+def _conv(aggregate: str, hidden: int, roles: int) -> nn.Module:
+    """One message-passing round of the ``aggregate`` kind."""
+    if aggregate == "roles":
+        return RoleConv(hidden, roles)
+    if aggregate == "attention":  # HEADS heads, or the largest divisor of hidden below
+        return AttentionConv(hidden, max(k for k in range(1, HEADS + 1) if hidden % k == 0))
+    return EdgeNodeConv(hidden)
 
 
 def _third(fraction: Tensor) -> Tensor:
@@ -480,10 +477,11 @@ class ParkPredictor:
         """One ``.safetensors`` file: tensors + the JSON config and every known spec."""
         from wsym.metanet.predictor import write_file
 
-        specs = [s.spec for s in self.schemas.values()]
-        meta = {"format": PARK_FORMAT, "specs": [s.to_json() for s in specs], **self.config}
+        texts = [spec_key(s.spec) for s in self.schemas.values()]  # each serialized once
+        meta = {"format": PARK_FORMAT, "specs": texts, **self.config}
         if self.space is not None:
-            meta["space"] = self.space.to_json({spec_key(s): k for k, s in enumerate(specs)})
+            index = {t: k for k, t in enumerate(texts)}
+            meta["space"] = self.space.to_json(lambda spec: index.get(spec_key(spec)))
         write_file(path, self.net, meta)
 
 

@@ -25,7 +25,7 @@ from wsym.errors import WsymInputError
 from wsym.io.progress import Progress
 from wsym.metanet.metrics import kendall_tau
 from wsym.metanet.park_baselines import LayerStatNN, ParkMetanet, PerArchitecture
-from wsym.metanet.park_fit import capped, is_finite
+from wsym.metanet.park_fit import capped, is_finite, zoo_specs
 
 TARGETS = ("test_acc", "gap")
 SPLITS = ("train", "val", "test", "test_arch")
@@ -63,7 +63,7 @@ def read_park(zoos, caps: dict[str, int] | None = None):
     ys = {s: {t: [] for t in TARGETS} for s in SPLITS}
     for zoo in zoos:
         x = zoo.example_inputs()
-        specs = zoo.__dict__.setdefault("_park_specs", {})  # shared with park_fit.zoo_members
+        specs = zoo_specs(zoo)
         has_val = any(r["split"] == "val" for r in zoo.table)
         rows = {s: [] for s in SPLITS}
         for r in zoo.table:

@@ -320,13 +320,18 @@ def _first(y: torch.Tensor) -> torch.Tensor:
     return y if y.ndim == 1 else y[:, 0]
 
 
+def zoo_specs(zoo) -> dict:
+    """``{architecture JSON: spec}``: the specs detected on ``zoo`` so far, kept on the zoo."""
+    return zoo.__dict__.setdefault("_park_specs", {})
+
+
 def zoo_members(zoo, ids) -> list:
     """``(spec, state_dict)`` of the zoo members ``ids``, detected once per architecture."""
     import json
 
     from wsym.detect import detect
 
-    cache = zoo.__dict__.setdefault("_park_specs", {})
+    cache = zoo_specs(zoo)
     out = []
     for i in ids:
         arch = json.dumps(zoo.row(i)["architecture"], sort_keys=True)
@@ -352,7 +357,7 @@ def zoo_space(zoo):
     except WsymInputError:
         return None
     space = ArchitectureSpace(preset, zoo.example_inputs())
-    for text, spec in zoo.__dict__.get("_park_specs", {}).items():
+    for text, spec in zoo_specs(zoo).items():
         space.know(json.loads(text), spec)
     return space
 

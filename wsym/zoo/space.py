@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -171,12 +172,12 @@ class ArchitectureSpace:
             out.append((config, self._specs[text]))
         return out
 
-    def to_json(self, spec_index: dict[str, int]) -> dict[str, Any]:
-        """JSON of the space; known specs as indices (``spec_index``: spec JSON -> index).
+    def to_json(self, index_of: Callable[[SymmetrySpec], int | None]) -> dict[str, Any]:
+        """JSON of the space; known specs as indices (``index_of``: spec -> index or ``None``).
 
-        Specs not in ``spec_index`` are left out (detected again when needed).
+        Specs without an index are left out (detected again when needed).
         """
-        known = [(t, spec_index.get(s.to_json())) for t, s in self._specs.items()]
+        known = [(t, index_of(s)) for t, s in self._specs.items()]
         return {
             **self.preset,
             "example_inputs": self.example_inputs.tolist(),
