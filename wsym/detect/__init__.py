@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from wsym.detect import expert_modules
+from wsym.detect import expert_modules, guards
 from wsym.detect.analyze import analyze, live_nodes, unknown_ops
 from wsym.detect.experts import router_weights, verified_split
 from wsym.detect.solve import solve
@@ -76,10 +76,16 @@ def detect(
     """
     check_finite(model.state_dict())
     traced = detection_trace(model, example_inputs)  # torch.export makes cyclic garbage
+    found = guards.paths(model, example_inputs, traced.guards)
     with _collector_paused():
         spec = find_candidates(traced, model)
+        spec = on_every_branch(spec, model, example_inputs, found)
     if verify:
-        check = lambda s: verify_candidates(s, model, example_inputs, seed=seed)  # noqa: E731
+
+        def check(s):
+            s = verify_candidates(s, model, example_inputs, seed=seed)
+            return verify_on_branches(s, model, example_inputs, found, seed=seed)
+
         spec = verified_split(spec, check, router_weights(traced))
     object.__setattr__(spec, "graph", to_networkx(traced))
     return spec
@@ -135,6 +141,58 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
     for message in ctx.warnings:
         warnings.warn(message, SymmetryWarning, stacklevel=3)
     return _replace(spec, spec.groups, aliases, [])
+
+
+def on_every_branch(spec: SymmetrySpec, model, example_inputs, found) -> SymmetrySpec:
+    """The candidates every guard path proposes (:mod:`wsym.detect.guards`).
+
+    ``found``: the paths of :func:`~wsym.detect.guards.paths` (``[]``: the trace
+    has no value-dependent branch; None: they could not all be explored, and
+    every group is refused as conditional).
+    """
+    if found == [] or not spec.groups:
+        return spec
+    traces = None if found is None else guards.branch_traces(model, example_inputs, found[1:])
+    if traces is None:
+        keep = set()
+    else:
+        keep = {guards.signature(spec, g) for g in spec.groups}
+        for traced in traces:
+            other = find_candidates(traced, model)
+            keep &= {guards.signature(other, g) for g in other.groups}
+    failed = [i for i, g in enumerate(spec.groups) if guards.signature(spec, g) not in keep]
+    return _drop(spec, failed, None, "not proposed on every branch of a value-dependent guard")
+
+
+def verify_on_branches(spec, model, example_inputs, found, seed: int = 0) -> SymmetrySpec:
+    """Drop the groups that fail on a guard path, or that flip a guard's outcome."""
+    if not found or not spec.groups:
+        return spec
+    failed = guards.failing_on_branches(spec, model, example_inputs, found, seed=seed)
+    return _drop(spec, sorted(failed), None, "fails on a branch of a value-dependent guard")
+
+
+def _drop(spec: SymmetrySpec, failed, devs, why: str) -> SymmetrySpec:
+    """``spec`` without the groups ``failed`` (warned, noted as conditional: ``why``)."""
+    if not failed:
+        return spec
+    groups = list(spec.groups)
+    for i in failed:
+        warnings.warn(
+            f"refused conditional {groups[i].kind} group on {', '.join(groups[i].params[:3])}: "
+            f"{why} (it holds on the traced branch only)",
+            SymmetryWarning,
+            stacklevel=4,
+        )
+    notes = tuple(
+        (p, d, f"{groups[i].notation} ({groups[i].kind}) conditional: {why}")
+        for i in failed
+        for p, d in spec.axes_of(groups[i])
+    )
+    keep = [i for i in range(len(groups)) if i not in set(failed)]
+    devs = [spec.deviations[i] for i in keep] if spec.deviations else []
+    out = _replace(spec, [groups[i] for i in keep], spec.aliases, devs)
+    return dataclasses.replace(out, notes=spec.notes + notes)
 
 
 def verify_candidates(

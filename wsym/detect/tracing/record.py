@@ -96,6 +96,7 @@ class _Recorder(TorchDispatchMode):
         self.dependent = dependent  # names of nodes computed from inputs, weights or buffers
         self.tainted = WeakIdKeyDictionary()  # bases written (through a view) with such values
         self.slices = WeakIdKeyDictionary()  # view -> (base, slice arguments), one level deep
+        self.guards: list = []  # (node name, outcome) of each boolean value read, in call order
 
     def _constant(self, x: torch.Tensor):
         node = self.graph.placeholder(f"constant_{self.constants}")
@@ -130,6 +131,8 @@ class _Recorder(TorchDispatchMode):
         name = func._schema.name.split("::")[-1]
         node = self.graph.create_node("call_function", func, *arg_nodes, name=name)
         node.meta["val"] = _map(_shape_only, out)
+        if isinstance(out, bool) and func._schema.name in VALUE_READS:
+            self.guards.append((node.name, out))  # ``if t:`` and ``bool(t)`` (guards.py)
         if name not in FACTORIES and any(n.name in self.dependent for n in node.all_input_nodes):
             self.dependent.add(node.name)
             if func._schema.is_mutable:  # the written storage now holds such values
@@ -286,6 +289,9 @@ def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
     leaves = [recorder._node(x) for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
     graph.output(tuple(leaves))
     reads = _value_reads(graph, set(inputs) | set(parameters))
+    floats = {n.name for n in graph.nodes if n.op == "placeholder" and _is_float(n)}
+    valued = set(_value_reads(graph, floats - {n for n in floats if n.startswith("constant_")}))
+    guards = tuple((i, out) for i, (name, out) in enumerate(recorder.guards) if name in valued)
     graph.eliminate_dead_code()
     traced = Traced(
         graph=graph,
@@ -293,8 +299,14 @@ def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
         buffers=buffers,
         inputs=tuple(inputs),
         value_reads=tuple(reads),
+        guards=guards,
     )
     return traced, recorder.kept
+
+
+def _is_float(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
 
 
 def _value_reads(graph: torch.fx.Graph, sources: set) -> list[str]:

@@ -20,6 +20,10 @@ class Traced:
         value_reads: nodes where the forward pass read a tensor computed from its
             inputs or weights into Python (data-dependent control flow; recorded
             traces only).
+        guards: ``(position, outcome)`` of the boolean value reads (``if t:``) whose
+            tensor is computed from float inputs, weights or float buffers: the
+            branches the trace took (positions count every boolean value read in
+            call order; :mod:`wsym.detect.guards` explores the other outcomes).
     """
 
     graph: torch.fx.Graph
@@ -28,3 +32,4 @@ class Traced:
     inputs: tuple[str, ...]
     program: object = field(default=None, compare=False, repr=False)
     value_reads: tuple[str, ...] = ()
+    guards: tuple[tuple[int, bool], ...] = ()
