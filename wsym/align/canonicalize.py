@@ -24,8 +24,9 @@ import warnings
 
 import torch
 
-from wsym.errors import SymmetryWarning, check_finite
+from wsym.errors import SymmetryWarning
 from wsym.group.elements import GroupElement, act
+from wsym.group.fits import check_fits
 from wsym.group.kinds import kind_of, kinds_where
 from wsym.group.kinds.modules import refuse_modules
 from wsym.group.memo import derived
@@ -68,7 +69,8 @@ def canonicalize(state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float
         >>> all(torch.allclose(a[k], b[k]) for k in a)
         True
     """
-    check_finite(state_dict)  # here, not in canonical_element: optimizers reach it diverged
+    check_fits(spec, state_dict, "wsym.canonicalize")  # here, not in canonical_element:
+    # optimizers reach it diverged
     canon, _ = canonical_element(state_dict, spec, kinds=kinds, tol=tol)
     return {k: v.to(state_dict[k].dtype) for k, v in canon.items()}
 

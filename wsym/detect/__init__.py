@@ -11,12 +11,14 @@ import torch
 
 from wsym.detect import expert_modules, guards
 from wsym.detect.analyze import analyze, live_nodes, unknown_ops
+from wsym.detect.checks import check_model, check_outputs
 from wsym.detect.experts import router_weights, verified_split
+from wsym.detect.restore import untouched
 from wsym.detect.solve import solve
 from wsym.detect.tracing.export import record_trace, trace
 from wsym.detect.tracing.networkx import to_networkx
 from wsym.detect.tracing.traced import Traced
-from wsym.errors import SymmetryWarning, WsymInputError, check_finite
+from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.group.spec import SymmetrySpec
 from wsym.group.verify import float64_probe, screen, tied_keys
 
@@ -74,8 +76,14 @@ def detect(
         >>> sorted(g.kind for g in spec.groups)
         ['permutation', 'scaling']
     """
-    check_finite(model.state_dict())
+    check_model(model, example_inputs)
+    with untouched(model):
+        return _detect(model, example_inputs, verify, seed)
+
+
+def _detect(model, example_inputs, verify: bool, seed: int) -> SymmetrySpec:
     traced = detection_trace(model, example_inputs)  # torch.export makes cyclic garbage
+    check_outputs(traced)
     found = guards.paths(model, example_inputs, traced.guards)
     with _collector_paused():
         spec = find_candidates(traced, model)

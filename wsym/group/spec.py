@@ -38,6 +38,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from wsym.errors import WsymInputError
+from wsym.group.fits import check_fits
 from wsym.group.memo import attach_graph, derived, graph_of
 
 KINDS = (
@@ -260,8 +261,14 @@ class SymmetrySpec:
         return sample(self, seed=seed, scale=scale, kinds=kinds)
 
     def act(self, g, state_dict):
-        """The state dict ``g . state_dict``; computes the same function."""
+        """The state dict ``g . state_dict``; computes the same function.
+
+        Raises:
+            WsymInputError: a state dict that does not fit the spec, or non-finite values.
+        """
         from wsym.group.elements import act
+
+        check_fits(self, state_dict, "SymmetrySpec.act")
 
         return act(self, g, state_dict)
 
@@ -344,8 +351,21 @@ class SymmetrySpec:
 
     @classmethod
     def from_json(cls, text: str) -> SymmetrySpec:
-        """Inverse of :meth:`to_json`."""
-        d = json.loads(text)
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            WsymInputError: text that is not a spec's JSON.
+        """
+        try:
+            return cls._from_dict(json.loads(text))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            raise WsymInputError(
+                f"not a SymmetrySpec's JSON ({type(err).__name__}: {str(err)[:120]}); "
+                "pass the text spec.to_json() wrote"
+            ) from err
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> SymmetrySpec:
         groups = tuple(
             Group(
                 kind=g["kind"],
