@@ -44,7 +44,7 @@ def check_fits(spec, state_dict, who: str) -> None:
         if not torch.is_tensor(t) or tuple(t.shape) != expected:
             got = tuple(t.shape) if torch.is_tensor(t) else type(t).__name__
             raise WsymInputError(
-                f"{key} in the state dict passed to {who} is {got}, the spec expects shape "
+                f"{key} has shape {got} in the state dict passed to {who}, the spec expects "
                 f"{expected}; pass a state dict of the architecture the spec was detected on"
             )
     check_finite(state_dict, f"the state dict passed to {who}")

@@ -59,6 +59,7 @@ from torch_geometric.utils import scatter
 from wsym.detect import detect
 from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
+from wsym.group.verify import float64_probe, screen
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import (
     AttentionConv,
@@ -356,7 +357,9 @@ class ParkPredictor:
             example_inputs = space.example_inputs
         self.example_inputs = example_inputs
         self.schemas = {k: UniversalSchema.from_spec(s) for k, s in specs.items()}
-        self._detected: dict[tuple, str] = {}  # module class and tensors -> spec key
+        # module class, repr and tensors -> keys of the specs detected on such modules; one
+        # is reused only where it verifies on the module at hand (:func:`holds`)
+        self._detected: dict[tuple, list[str]] = {}
         self.net.eval()
 
     @property
@@ -397,16 +400,19 @@ class ParkPredictor:
                 f"member {i} pairs a {type(head).__name__} with its state dict; "
                 "use an nn.Module or a SymmetrySpec"
             )
-        key = self._detected.get(_module_key(head, sd))
-        if key is None:
-            x = self.example_inputs
-            if x is None:
-                raise WsymInputError(
-                    f"member {i}: a new architecture ({type(head).__name__}) needs "
-                    "example_inputs to detect its symmetries"
-                )
-            spec = detect(head, x(head) if callable(x) else x)
-            key = self._detected[_module_key(head, sd)] = spec_key(spec)
+        x = self.example_inputs
+        if x is None:
+            raise WsymInputError(
+                f"member {i}: a module ({type(head).__name__}) needs example_inputs to "
+                "detect (or check) its symmetries; pass example_inputs= or (spec, state_dict)"
+            )
+        x = x(head) if callable(x) else x
+        seen = self._detected.setdefault(_module_key(head, sd), [])
+        key = next((k for k in seen if holds(self.schemas[k].spec, head, x)), None)
+        if key is None:  # same class, repr and tensors, other forward (activation attribute)
+            spec = detect(head, x)
+            key = spec_key(spec)
+            seen.append(key)
             self.add_architecture(spec)
         return [self.schemas[key]], sd
 
@@ -518,6 +524,20 @@ def network_of(config: dict, outputs: int) -> ParkNet:
         auxiliary=len(config.get("auxiliary", ())),
         virtual=config.get("virtual", False),
     )
+
+
+def holds(spec: SymmetrySpec, model: nn.Module, example_inputs) -> bool:
+    """Whether every group of ``spec`` verifies on ``model`` (group testing, float64).
+
+    A spec detected on another module of the same class, repr and tensors may
+    not hold: a forward that reads an attribute ``repr`` does not show (a plain
+    ``self.act = torch.tanh``) computes another function.
+    """
+    try:
+        failed = screen(spec, float64_probe(model, example_inputs))[1]
+    except WsymInputError:
+        return False
+    return not failed
 
 
 def _module_key(model: nn.Module, sd: dict) -> tuple:
