@@ -41,6 +41,7 @@ from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
+from wsym.sharpness.block_diagonal import BlockDiagonal
 from wsym.sharpness.exponents import exponent_entries, exponent_matrix
 from wsym.sharpness.quotient import Quotient
 from wsym.sharpness.structure import components
@@ -193,7 +194,7 @@ class _Objective:
         ]
 
     def value_grad_hess(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``F(u)``, its gradient ``(n,)`` and Hessian ``(n, n)`` (sparse products)."""
+        """``F(u)``, its gradient ``(n,)`` and Hessian ``(n, n)`` (sparse COO, coalesced)."""
         z = torch.exp(2 * (self.E_out @ u)) * self.c
         F = z.sum()
         grad = 2 * (self.E_out.T @ z)
@@ -232,9 +233,9 @@ class _Objective:
         hess = hess + _gram(self.E_rows, h_rows)
         if ii:
             C = self._cross_pairs(ii, jj, torch.cat(vv))
-            cross = torch.sparse.mm(self.E_rows.t(), torch.sparse.mm(C, self.E_rows)).to_dense()
-            hess = hess + cross + cross.T
-        return F, grad, hess
+            cross = torch.sparse.mm(self.E_rows.t(), torch.sparse.mm(C, self.E_rows))
+            hess = hess + cross + cross.t()
+        return F, grad, hess.coalesce()
 
     def _cross_pairs(self, ii: list[Tensor], jj: list[Tensor], vals: Tensor) -> Tensor:
         """The sparse ``(rows, rows)`` matrix of the block rows' pair terms, values ``vals``.
@@ -259,20 +260,23 @@ class _Objective:
 
 
 def _gram(E: Tensor, w: Tensor) -> Tensor:
-    """``E^T diag(w) E`` (dense ``(n, n)``) of a sparse COO ``E``."""
+    """``E^T diag(w) E`` (sparse ``(n, n)``) of a sparse COO ``E``."""
     rows, cols = E.indices()
     scaled = _sparse(rows, cols, E.values() * w[rows], E.shape)
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse.mm(E.t(), scaled).to_dense()
+        return torch.sparse.mm(E.t(), scaled)
 
 
 def _newton(obj: _Objective) -> Tensor | None:
     """Minimize the convex objective from ``u = 0``; None (with a warning) if it diverges."""
     u = torch.zeros(obj.n, dtype=torch.float64)
     F, g, Hm = obj.value_grad_hess(u)
+    solver = None
     for _ in range(MAX_NEWTON):
-        step = -torch.linalg.solve(Hm + 1e-14 * Hm.diagonal().mean() * torch.eye(obj.n), g)
+        if solver is None or not solver.covers(Hm):  # the pattern is u's; checked, not assumed
+            solver = BlockDiagonal(Hm)
+        step = -solver.solve(Hm, g, 1e-14 * float(_trace(Hm)) / obj.n)
         t = 1.0
         while t > 1e-8:
             F_new, g_new, H_new = obj.value_grad_hess(u + t * step)
@@ -293,6 +297,12 @@ def _newton(obj: _Objective) -> Tensor | None:
         )
         return None
     return u
+
+
+def _trace(H: Tensor) -> Tensor:
+    """Trace of a coalesced sparse COO matrix."""
+    rows, cols = H.indices()
+    return H.values()[rows == cols].sum()
 
 
 def _sparse(rows: Tensor, cols: Tensor, vals: Tensor, shape) -> Tensor:
