@@ -63,6 +63,7 @@ class ActedState(LazyState):
         super().__init__(**(source.like() | {"aliases": aliases}))
 
     def tensor(self, key: str) -> Tensor:
+        """Entry ``key``, computed now."""
         return self.at(key, len(self.steps))
 
     def at(self, key: str, upto: int) -> Tensor:

@@ -115,6 +115,7 @@ class GenericState(LazyState):
         super().__init__(shapes, dtype, fixed, dict(aliases or {}))
 
     def tensor(self, key: str) -> Tensor:
+        """Entry ``key``, computed now."""
         state, a, shift = self.plan[key]
         gen = torch.Generator().set_state(state)
         r = torch.empty(self.shapes[key], dtype=torch.float32).uniform_(-a, a, generator=gen)
@@ -151,6 +152,7 @@ class OwnState(LazyState):
         super().__init__(floats, dtype, fixed, dict(aliases or {}))
 
     def tensor(self, key: str) -> Tensor:
+        """Entry ``key``, computed now."""
         return self.own[key].to(self.dtype)
 
 
@@ -165,6 +167,7 @@ class CastState(LazyState):
         super().__init__(**(source.like(dtype) | {"aliases": {}}))
 
     def tensor(self, key: str) -> Tensor:
+        """Entry ``key``, computed now."""
         return self.source[key].to(self.dtype)
 
 
@@ -197,6 +200,7 @@ class PerturbedState(LazyState):
         super().__init__(**source.like())
 
     def tensor(self, key: str) -> Tensor:
+        """Entry ``key``, computed now."""
         t = self.source.tensor(key)
         if key not in self.starts:
             return t
@@ -222,7 +226,7 @@ class LazyTensor(torch.Tensor):
     """
 
     @staticmethod
-    def __new__(cls, state: LazyState, key: str):
+    def __new__(cls, state: LazyState, key: str):  # noqa: D102
         shape = state.shapes[state.aliases.get(key, key)]
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=state.dtype, device="cpu")
 
@@ -248,5 +252,5 @@ def _computed(x):
 
 
 def call_arguments(state: LazyState) -> dict:
-    """``{key: LazyTensor}`` for every float entry and the fixed tensors, for ``functional_call``."""
+    """``{key: LazyTensor}`` per float entry, and the fixed tensors (for ``functional_call``)."""
     return {**state.fixed, **{k: LazyTensor(state, k) for k in state.shapes}}

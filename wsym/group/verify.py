@@ -35,8 +35,14 @@ from wsym.group.adversary import adversarial_inputs, cheap
 from wsym.group.depthwise import ShiftedDepthwise, has_depthwise
 from wsym.group.elements import act, sample
 from wsym.group.floor import FACTOR, Islands, perturbed, relative
-from wsym.group.lazy import CastState, GenericState, LazyState, OwnState, PerturbedState
-from wsym.group.lazy import call_arguments
+from wsym.group.lazy import (
+    CastState,
+    GenericState,
+    LazyState,
+    OwnState,
+    PerturbedState,
+    call_arguments,
+)
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
 
