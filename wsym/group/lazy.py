@@ -108,7 +108,7 @@ class GenericState(LazyState):
                 fixed[key] = full
                 continue
             shapes[key] = tuple(full.shape)
-            a, shift = _scale_of(key, full)
+            a, shift = scale_of(key, full)
             if key not in (aliases or {}):  # an alias is drawn too (and dropped), as before
                 self.plan[key] = (gen.get_state(), a, shift)
             torch.empty(full.shape, dtype=torch.float32).uniform_(-a, a, generator=gen)
@@ -123,10 +123,10 @@ class GenericState(LazyState):
         return r if shift is None else r.abs_().add_(torch.tensor(shift, dtype=self.dtype))
 
 
-def _scale_of(key: str, full: Tensor) -> tuple[float, float | None]:
+def scale_of(key: str, full: Tensor) -> tuple[float, float | None]:
     """``(a, shift)`` of a generic draw ``U(-a, a)`` (then ``|r| + shift`` where set).
 
-    As ``wsym.group.verify._generic_state``: the weights' standard deviation (fan-in
+    Shared with ``wsym.group.verify._generic_state``: the weights' standard deviation (fan-in
     scale for constant matrices, 0.5 for other constants); running variances and
     positive vectors stay positive.
     """

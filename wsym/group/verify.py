@@ -42,6 +42,7 @@ from wsym.group.lazy import (
     OwnState,
     PerturbedState,
     call_arguments,
+    scale_of,
 )
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
@@ -381,18 +382,10 @@ def _generic_state(state: dict, gen, dtype) -> dict:
         if not full.is_floating_point():
             out[k] = full
             continue
-        sample = full.reshape(-1)[: 2**16]
-        std = sample.std().item() if sample.numel() > 1 else abs(sample.sum().item())
-        if std <= 1e-3:  # zero or constant init: fan-in scale for matrices, 0.5 otherwise
-            std = 1.0 / max(1, full[0].numel()) ** 0.5 if full.ndim > 1 else 0.5
-        a = std * 3**0.5
+        a, shift = scale_of(k, full)
         # drawn in float32 (half the cost of float64 draws), computed on in ``dtype``
         r = torch.empty(full.shape, dtype=torch.float32).uniform_(-a, a, generator=gen).to(dtype)
-        if k.endswith("running_var"):
-            r = r.abs() + 0.5
-        elif full.ndim == 1 and (full > 0).all():
-            r = r.abs() + full.mean().to(dtype)
-        out[k] = r
+        out[k] = r if shift is None else r.abs_().add_(torch.tensor(shift, dtype=dtype))
     return out
 
 
