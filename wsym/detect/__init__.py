@@ -204,13 +204,19 @@ def _drop(spec: SymmetrySpec, failed, devs, why: str) -> SymmetrySpec:
 
 
 def verify_candidates(
-    spec: SymmetrySpec, model: torch.nn.Module, example_inputs, seed: int = 0
+    spec: SymmetrySpec, model: torch.nn.Module, example_inputs, seed: int = 0, stream=None
 ) -> SymmetrySpec:
-    """Keep the groups that verify numerically (group testing); warn about the others."""
+    """Keep the groups that verify numerically (group testing); warn about the others.
+
+    ``stream``: compute the float64 states tensor by tensor (no float64 copy of the
+    model; the same outputs bit for bit); default: for models whose float64 copy
+    exceeds :data:`~wsym.group.verify.STREAM_BYTES` (:func:`~wsym.group.verify.float64_probe`).
+    """
     groups = list(spec.groups)
     if not groups:
         return spec
-    devs, failed = screen(spec, float64_probe(model, example_inputs, seed=seed), seed=seed)
+    probe = float64_probe(model, example_inputs, seed=seed, stream=stream)
+    devs, failed = screen(spec, probe, seed=seed)
     for i in failed:
         g = groups[i]
         warnings.warn(

@@ -20,6 +20,7 @@ report a user asks for, runs every probe in float64.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from dataclasses import dataclass
@@ -29,10 +30,20 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 
 from wsym.errors import SymmetryWarning
+from wsym.group.acted import ActedState
 from wsym.group.adversary import adversarial_inputs, cheap
 from wsym.group.depthwise import ShiftedDepthwise, has_depthwise
 from wsym.group.elements import act, sample
 from wsym.group.floor import FACTOR, Islands, perturbed, relative
+from wsym.group.lazy import (
+    CastState,
+    GenericState,
+    LazyState,
+    OwnState,
+    PerturbedState,
+    call_arguments,
+    scale_of,
+)
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode, model_inputs
 
@@ -42,6 +53,8 @@ INPUT_SCALES = (1.0, 20.0, 0.05)
 # enough that a false scaling shows (relu6(10 x) != 10 relu6(x)), narrow enough that
 # a true GL element's condition number (<= 100) keeps round-off near the floor
 SCALE = (0.1, 10.0)
+# above this many bytes of float64 weights, probes compute their states tensor by tensor
+STREAM_BYTES = 2**30
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,13 @@ class Probe:
     Float inputs are fresh random draws of the example's shape (times
     ``input_scale``); integer inputs (token ids) are kept. :meth:`rescaled` gives
     the same probe on scaled inputs, sharing the state dicts.
+
+    With ``stream`` the states (generic weights, their acted and cast versions, the
+    floor's perturbed ones) are :class:`~wsym.group.lazy.LazyState` recipes, computed
+    one tensor at a time while the forward pass reads it: no float64 copy of the
+    model is held, and every output is the one the whole state dicts give, bit for
+    bit (:mod:`wsym.group.lazy`). Without it, :attr:`generic` is one float64 copy
+    of the weights and each acted state another.
     """
 
     def __init__(
@@ -83,8 +103,10 @@ class Probe:
         dtype=torch.float64,
         seed: int = 0,
         input_scale: float = 1.0,
+        stream: bool = False,
     ):
         self.model = model  # never modified: every call swaps in a state dict
+        self.stream = stream
 
         cast = _caster(dtype)
         args, kwargs = model_inputs(model, example_inputs)
@@ -95,10 +117,14 @@ class Probe:
         own = model.state_dict(keep_vars=True)
         # buffers outside the state dict (rotary frequencies, say) still need the dtype
         self.extra = {k: cast(v) for k, v in model.named_buffers() if k not in own}
-        self.generic = _generic_state(own, gen, dtype)
+        tied = tied_keys(model)
+        if stream:
+            self.generic = GenericState(own, gen, dtype, aliases=tied)
+        else:
+            self.generic = _generic_state(own, gen, dtype)
+            for alias, key in tied.items():  # tied weights stay tied
+                self.generic[alias] = self.generic[key]
         self._own, self._cast = own, cast
-        for alias, key in tied_keys(model).items():  # tied weights stay tied
-            self.generic[alias] = self.generic[key]
         self._ref: tuple = (None, None)
         self._floors: dict = {}
         self._shared: dict = {}  # one copy of the own weights for every rescaled probe
@@ -108,7 +134,10 @@ class Probe:
     def state(self) -> dict:
         """The model's own weights, in the probe's dtype (converted once, on first use)."""
         if "state" not in self._shared:
-            self._shared["state"] = {k: self._cast(v) for k, v in self._own.items()}
+            if self.stream:
+                self._shared["state"] = OwnState(self._own, self.dtype)
+            else:
+                self._shared["state"] = {k: self._cast(v) for k, v in self._own.items()}
         return self._shared["state"]
 
     def in_dtype(self, dtype) -> Probe:
@@ -136,7 +165,8 @@ class Probe:
             return state
         last = self._shared.get("converted", (None, None))
         if last[0] is not state:
-            last = (state, {k: self._cast(v) for k, v in state.items()})
+            cast = _cast_state(state, self.dtype, self._cast)
+            last = (state, cast)
             self._shared["converted"] = last
         return last[1]
 
@@ -184,7 +214,7 @@ class Probe:
             gen = torch.Generator().manual_seed(self.seed + 7)
             eps = torch.finfo(self.dtype).eps
             seen = self._shared.get("island_eps", self._shared.get("parent", {}).get("island_eps"))
-            with perturbed(self._converted(state), gen) as moved:
+            with _perturbed(self._converted(state), gen) as moved:
                 if seen is None or seen > eps:  # unknown yet, or the model has islands
                     seed = self.seed + 8
                     islands = Islands(perturb=True, gen=torch.Generator().manual_seed(seed))
@@ -208,6 +238,8 @@ class Probe:
         faster on CPU), in every pass of the probe alike, the floor's included.
         """
         state = self._converted(state)
+        if isinstance(state, LazyState):
+            state = call_arguments(state)
         fast = ShiftedDepthwise() if self._depthwise and self.dtype == torch.float64 else None
         with torch.no_grad(), eval_mode(self.model):
             with mode if mode is not None else _nothing(), fast or _nothing():
@@ -229,14 +261,20 @@ class Probe:
         )
 
 
-def float64_probe(model: torch.nn.Module, example_inputs, seed: int = 0) -> Probe:
+def float64_probe(
+    model: torch.nn.Module, example_inputs, seed: int = 0, stream: bool | None = None
+) -> Probe:
     """A float64 :class:`Probe`, or a float32 one (with a warning) where float64 cannot run.
 
     Some kernels exist only for float32 and below (``torch._grouped_mm`` in Hugging
     Face's mixture-of-experts layers); such models are verified in float32, whose
     floor (and so tolerance) is about 1e9 times coarser.
+
+    ``stream`` (default: :func:`streams`) computes the probe's states tensor by tensor
+    (:class:`Probe`).
     """
-    probe = Probe(model, example_inputs, seed=seed)
+    stream = streams(model) if stream is None else stream
+    probe = Probe(model, example_inputs, seed=seed, stream=stream)
     try:
         probe.reference(probe.generic)
     except RuntimeError as err:
@@ -248,8 +286,14 @@ def float64_probe(model: torch.nn.Module, example_inputs, seed: int = 0) -> Prob
             SymmetryWarning,
             stacklevel=3,
         )
-        probe = Probe(model, example_inputs, dtype=torch.float32, seed=seed)
+        probe = Probe(model, example_inputs, dtype=torch.float32, seed=seed, stream=stream)
     return probe
+
+
+def streams(model: torch.nn.Module) -> bool:
+    """Whether a float64 copy of the model's float weights exceeds :data:`STREAM_BYTES`."""
+    state = model.state_dict(keep_vars=True)
+    return 8 * sum(v.numel() for v in state.values() if v.is_floating_point()) > STREAM_BYTES
 
 
 def probes(probe: Probe, regimes=None) -> list[Probe]:
@@ -338,18 +382,10 @@ def _generic_state(state: dict, gen, dtype) -> dict:
         if not full.is_floating_point():
             out[k] = full
             continue
-        sample = full.reshape(-1)[: 2**16]
-        std = sample.std().item() if sample.numel() > 1 else abs(sample.sum().item())
-        if std <= 1e-3:  # zero or constant init: fan-in scale for matrices, 0.5 otherwise
-            std = 1.0 / max(1, full[0].numel()) ** 0.5 if full.ndim > 1 else 0.5
-        a = std * 3**0.5
+        a, shift = scale_of(k, full)
         # drawn in float32 (half the cost of float64 draws), computed on in ``dtype``
         r = torch.empty(full.shape, dtype=torch.float32).uniform_(-a, a, generator=gen).to(dtype)
-        if k.endswith("running_var"):
-            r = r.abs() + 0.5
-        elif full.ndim == 1 and (full > 0).all():
-            r = r.abs() + full.mean().to(dtype)
-        out[k] = r
+        out[k] = r if shift is None else r.abs_().add_(torch.tensor(shift, dtype=dtype))
     return out
 
 
@@ -364,7 +400,7 @@ def deviation(
     base = probe.state if state is None else state
     y0 = probe.reference(base)
     g = sample(spec, seed=seed, scale=scale, groups=groups, moving=True, flip=flip)
-    return relative(probe(act(spec, g, base)), y0)
+    return relative(probe(acted(spec, g, base)), y0)
 
 
 def verify(
@@ -510,7 +546,7 @@ def _worst(spec, checks: list, part, seed: int, scale) -> tuple[float, bool, lis
     """
     g = sample(spec, seed=seed, scale=scale, groups=part, moving=True)
     base = checks[0][0].generic
-    moved = act(spec, g, base)
+    moved = acted(spec, g, base)
     finest = min(torch.finfo(p.dtype).eps for p, _ in checks)
     worst = 0.0
     for k, (p, tol) in enumerate(checks):
@@ -532,12 +568,39 @@ def _consumed(state: dict, dtype) -> dict:
     """
     if _in_dtype(state, dtype):
         return state
+    if isinstance(state, LazyState):
+        return CastState(state, dtype)
     cast = _caster(dtype)
     return {key: cast(state.pop(key)) for key in list(state)}
 
 
+def acted(spec: SymmetrySpec, g, state):
+    """``act(spec, g, state)``; an :class:`~wsym.group.acted.ActedState` for a lazy ``state``."""
+    if isinstance(state, LazyState):
+        return ActedState(spec, g, state)
+    return act(spec, g, state)
+
+
+def _cast_state(state, dtype, cast):
+    if isinstance(state, LazyState):
+        return CastState(state, dtype)
+    return {k: cast(v) for k, v in state.items()}
+
+
+@contextlib.contextmanager
+def _perturbed(state, gen):
+    """:func:`~wsym.group.floor.perturbed`; a :class:`~wsym.group.lazy.PerturbedState` if lazy."""
+    if isinstance(state, LazyState):
+        yield PerturbedState(state, gen)
+    else:
+        with perturbed(state, gen) as moved:
+            yield moved
+
+
 def _in_dtype(state: dict, dtype) -> bool:
     """Whether every float tensor of ``state`` is in ``dtype`` (nothing to convert)."""
+    if isinstance(state, LazyState):
+        return state.dtype == dtype
     return all(
         v.dtype == dtype for v in state.values() if torch.is_tensor(v) and v.is_floating_point()
     )
