@@ -295,7 +295,9 @@ def curve_json(curve: Curve) -> dict:
 
 ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, rebasin torch seed)
 ALIGNERS = {
-    "wsym": {"method": "weights", "continuous": "reference"},
+    "wsym": {"method": "weights", "continuous": "auto", "data": False},  # the default, no data
+    "wsym data": {"method": "weights", "continuous": "auto"},  # the default, given the batches
+    "wsym reference": {"method": "weights", "continuous": "reference"},  # the previous default
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym biases matched": {"method": "weights", "continuous": "reference", "biases": "matched"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
@@ -320,6 +322,8 @@ ALIGNERS = {
 }
 REPAIRED = (
     "wsym",
+    "wsym data",
+    "wsym reference",
     "wsym biases matched",
     "wsym act+weights",
     "wsym rotation",
@@ -380,7 +384,8 @@ def run_pair(cfg: dict, orders: int, cache: Path, only_methods=None) -> dict:
             elif "residual" in kw and not has_layernorm(model_a):
                 break  # no pre-LN residual stream to rotate
             else:
-                sd = wsym.align(
+                data = kw.get("data", True)
+                sd, chosen = wsym.align(
                     sd_a,
                     sd_b,
                     spec,
@@ -389,11 +394,15 @@ def run_pair(cfg: dict, orders: int, cache: Path, only_methods=None) -> dict:
                     residual=kw.get("residual", "permutation"),
                     biases=kw.get("biases", "auto"),
                     refine=kw.get("refine", "none"),
-                    model=model_a,
-                    batches=stat_batches,
+                    model=model_a if data else None,
+                    batches=stat_batches if data else None,
                     seed=seed,
+                    with_report=True,
                 )
-            runs.append(measure(sd, time.process_time() - start, repair=name in REPAIRED))
+            elapsed = time.process_time() - start
+            runs.append(measure(sd, elapsed, repair=name in REPAIRED))
+            if kw is not None:
+                runs[-1]["chosen"] = chosen.chosen
         methods[name] = runs
     runs = []
     for seed in range(orders if only_methods is None or "rebasin" in only_methods else 0):
@@ -426,14 +435,18 @@ def summary(runs: list[dict], key: str) -> tuple[float, float, float] | None:
     return statistics.median(values), min(values), max(values)
 
 
-def cell(runs: list[dict], key: str, naive: float) -> str:
-    """Median barrier (ratio to naive) [least-largest], ``*`` where the function changed."""
+def cell(runs: list[dict], key: str, naive: float, stars: bool = True) -> str:
+    """Median barrier (ratio to naive) [least-largest], ``*`` where the function changed.
+
+    ``stars=False``: no ``*`` (BatchNorm statistics reset at every point, so running
+    statistics left unpermuted do not change the function measured).
+    """
     if not runs:
         return "n/a"
     if "error" in runs[0]:
         return "error (below)"
     med, lo, hi = summary(runs, key)
-    star = " *" if max(r["output_change"] for r in runs) > 1e-3 else ""
+    star = " *" if stars and max(r["output_change"] for r in runs) > 1e-3 else ""
     spread = f" [{lo:.3f}-{hi:.3f}]" if len(runs) > 1 else ""
     return f"{med:.3f} ({med / naive:.2f}x){spread}{star}"
 
@@ -445,6 +458,8 @@ def seconds(runs: list[dict]) -> float | None:
 
 COLUMNS = (
     "wsym",
+    "wsym data",
+    "wsym reference",
     "wsym canonical",
     "wsym biases matched",
     "wsym activations",
@@ -472,11 +487,14 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
     rebasin_failed = bool(ms["rebasin"]) and "error" in ms["rebasin"][0]
     naive_r = ms["naive"][0][key].barrier
     label = "  BN statistics reset" if res["batchnorm"] else "  + REPAIR"
+    stars = not res["batchnorm"]  # statistics reset: unpermuted running statistics do not count
     rows.append(
         (
             label,
             f"{naive_r:.3f}",
-            cell(ms["wsym"], key, naive_r),
+            cell(ms["wsym"], key, naive_r, stars),
+            cell(ms["wsym data"], key, naive_r, stars),
+            cell(ms["wsym reference"], key, naive_r, stars),
             "",
             cell(ms["wsym biases matched"], key, naive_r),
             "",
@@ -485,7 +503,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             cell(ms["wsym rotation act"], key, naive_r),
             cell(ms["wsym rotation path"], key, naive_r),
             "",
-            "" if rebasin_failed else cell(ms["rebasin"], key, naive_r),
+            "" if rebasin_failed else cell(ms["rebasin"], key, naive_r, stars),
         )
     )
     return rows
@@ -555,6 +573,14 @@ def report(results: list[dict], orders: int) -> None:
                 spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
                 parts.append(f"{name} {statistics.median(values):.1f}{spread}")
         print(f"  {res['name']:<12} " + ", ".join(parts))
+    print("\nThe default's chosen candidate per order (wsym: no data; wsym data: with the batches)")
+    for res in results:
+        parts = [
+            f"{name}: " + ", ".join(r.get("chosen", "?") for r in res["methods"][name])
+            for name in ("wsym", "wsym data")
+            if res["methods"].get(name)
+        ]
+        print(f"  {res['name']:<12} " + "; ".join(parts))
     print("\nLargest relative output change of B over the orders (function kept: < 1e-6)")
     for res in results:
         parts = []

@@ -28,6 +28,7 @@ reference's own basis.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -35,6 +36,7 @@ import torch
 from wsym.align.assignment import assignment
 from wsym.align.biases import unmatched_biases, without
 from wsym.align.canonicalize import canonical_element
+from wsym.align.choice import AlignReport, choose
 from wsym.align.continuous import continuous_descent, mismatch
 from wsym.align.matching import plans, procrustes, weight_matching
 from wsym.align.settled import is_chain, settled_start
@@ -58,7 +60,19 @@ CANON_TOL = 1e-10
 # drop, the second <0.5%, a third <1e-6: at 1e-2 two rounds run, with the same barriers as
 # three to 0.006 and 20% less time on the small pairs).
 ROUND_TOL = 1e-2
-CONTINUOUS = ("reference", "canonical", "canonical+reference")
+# "auto" (the default): the candidates of AUTO run, the lowest objective kept (wsym.align.choice)
+CONTINUOUS = ("auto", "reference", "canonical", "canonical+reference")
+# The default's candidates: name -> (continuous, settled start); with data also DATA_CANDIDATES.
+AUTO = {
+    "settled": ("reference", True),
+    "identity": ("reference", False),
+    "canonical": ("canonical+reference", False),
+}
+DATA_CANDIDATES = {
+    "activations+weights": ("activations+weights", "permutation"),
+    "activations": ("activations", "permutation"),
+    "rotation act": ("activations", "rotation"),
+}
 # "activations+weights": activation matching's permutations as the start of weight matching,
 # which then moves every class (the "activations" method holds the classes with a site).
 METHODS = ("weights", "activations", "activations+weights")
@@ -86,7 +100,7 @@ def align(
     spec: SymmetrySpec,
     method: str = "weights",
     *,
-    continuous: str = "reference",
+    continuous: str = "auto",
     residual: str = "permutation",
     biases: str = "auto",
     refine: str = "none",
@@ -95,7 +109,8 @@ def align(
     batches=None,
     max_iter: int = 100,
     seed: int = 0,
-) -> dict:
+    with_report: bool = False,
+):
     """``sd_other`` moved onto ``sd_ref``'s basis (same function as ``sd_other``).
 
     Args:
@@ -106,7 +121,15 @@ def align(
             classes with a traced site keep activation matching's permutation) or
             ``"activations+weights"`` (activation matching's permutations as the
             start of weight matching, which moves every class on).
-        continuous: ``"reference"`` (default): from the raw weights (from the
+        continuous: ``"auto"`` (default): the cheap candidates run and the one
+            with the lowest objective kept (:mod:`wsym.align.choice`): the
+            ``"reference"`` alignment from the settled start and from the identity,
+            the ``"canonical+reference"`` one, and, given ``model`` and ``batches``,
+            ``method="activations+weights"``, ``"activations"`` and (on a pre-LN
+            residual stream) ``"activations"`` with ``residual="rotation"``; the
+            objective is the weight-matching one without data and the loss along
+            the path (statistics reset) with batches of ``(inputs, targets)``.
+            ``"reference"``: from the raw weights (from the
             canonical alignment where a checkpoint is far from balanced, see
             ``IMBALANCE``), the
             permutations matched and the continuous groups fitted to
@@ -139,6 +162,9 @@ def align(
         batches: iterable of ``(inputs, targets)``; only the inputs are used.
         max_iter: sweeps of weight matching.
         seed: order of the classes in weight matching.
+        with_report: return ``(aligned, AlignReport)``
+            (:class:`wsym.align.choice.AlignReport`: which candidate won, every
+            candidate's objective; for another ``continuous``, the one candidate).
 
     Example:
         >>> import torch, wsym
@@ -181,6 +207,56 @@ def align(
     path_loss = None
     if refine == "path":
         path_loss = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
+    run = functools.partial(
+        _one_alignment, spec, sd_ref, sd_other, biases=biases, path_loss=path_loss, **options
+    )
+    if continuous != "auto":
+        moved = run(method, continuous, residual)
+        if not with_report:
+            return moved
+        return moved, AlignReport(continuous, "weights", {continuous: float("nan")})
+    cands = _candidates(spec, method, residual, model, batches)
+    moved, report = choose(
+        spec,
+        sd_ref,
+        [(name, functools.partial(run, *args, path_loss=None)) for name, args in cands.items()],
+        model=model,
+        batches=batches,
+        loss_fn=loss_fn,
+    )
+    if path_loss is not None:
+        moved = run(*cands[report.chosen])
+    return (moved, report) if with_report else moved
+
+
+def _candidates(spec, method, residual, model, batches) -> dict:
+    """The default's candidates, ``name -> (method, continuous, residual, settle)``."""
+    if residual != "permutation":  # the rotated alignment has one start
+        return {f"residual {residual}": (method, "reference", residual, False)}
+    out = {name: (method, cont, residual, settle) for name, (cont, settle) in AUTO.items()}
+    if not (method == "weights" and is_chain(spec, plans(spec))):
+        out.pop("settled")  # the settled start runs only there: the same as the identity start
+    if model is not None and batches and method == "weights":
+        for name, (meth, res) in DATA_CANDIDATES.items():
+            out[name] = (meth, "reference", res, False)  # a stream it cannot rotate: passed over
+    return out
+
+
+def _one_alignment(
+    spec,
+    sd_ref,
+    sd_other,
+    method,
+    continuous,
+    residual,
+    settle=True,
+    *,
+    biases,
+    path_loss,
+    **options,
+) -> dict:
+    """``sd_other`` aligned to ``sd_ref`` by one method (the body of :func:`align`)."""
+    model, batches, seed = options["model"], options["batches"], options["seed"]
     if residual == "rotation":
         moved = _rotation_alignment(
             spec, _float64(sd_ref), _float64(sd_other), method, path_loss=path_loss, **options
@@ -198,7 +274,7 @@ def align(
         other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
         unmatched = unmatched_biases(spec) if biases == "auto" else frozenset()
         moved = reference_alignment(
-            spec, ref, other, method, unmatched=unmatched, settle=True, **options
+            spec, ref, other, method, unmatched=unmatched, settle=settle, **options
         )
         if path_loss is not None:
             moved = _refined(spec, model, ref, moved, batches, path_loss, seed)
@@ -352,7 +428,7 @@ def _check_option(name, value, choices, noun, needs, continuous, model, batches)
         raise WsymInputError(f"unknown {noun} {value!r}; use one of {', '.join(choices)}")
     if value == choices[0]:
         return
-    if continuous != "reference":
+    if continuous not in ("auto", "reference"):
         raise WsymInputError(
             f"{name}={value!r} works with continuous='reference', not {continuous!r}"
         )

@@ -19,7 +19,9 @@ estimator is needed: they are differentiable. Permutations, signs and
 translations are held (a translation of a key bias or a logit bias moves no
 point of the path).
 
-The fit is kept only where it lowers the mean loss over the fixed grid
+BatchNorm layers run on each point's batch statistics (training mode, on copies
+of their buffers): the statistics reset along the path, the running statistics
+out of the fit. The fit is kept only where it lowers the mean loss over the fixed grid
 ``t = 0.1, ..., 0.9`` on the same batches (so it never makes that objective
 worse). Derivation and measurements in ``docs/alignment.md`` and
 ``docs/merging.md``.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
+from wsym.align.choice import batchnorm_batch_statistics
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
@@ -112,6 +115,8 @@ def path_fit(
             tuple((i, _exp(spec, i, a, i in centered)) for i, a in zip(groups, coords, strict=True))
         )
 
+    buffers = {name for name, _ in model.named_buffers()}
+
     def path_loss(g, ts):
         moved = act(spec, g, other)
         total = 0.0
@@ -119,6 +124,15 @@ def path_fit(
             state = {
                 k: ((1 - t) * v + t * moved[k]).to(dtype) if v.is_floating_point() else v
                 for k, v in ref.items()
+                if k not in buffers
+            }
+            # BatchNorm runs on each point's batch statistics (its running ones left out).
+            state |= {
+                k: ref[k].detach().clone().to(dtype)
+                if ref[k].is_floating_point()
+                else ref[k].clone()
+                for k in buffers
+                if k in ref
             }
             for inputs, targets in batches:
                 args, kwargs = model_inputs(model, inputs)
@@ -131,7 +145,7 @@ def path_fit(
 
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(coords, lr=lr)
-    with eval_mode(model):
+    with eval_mode(model), batchnorm_batch_statistics(model):
         start = float(path_loss(GroupElement(()), GRID))
         for _ in range(steps):
             loss = path_loss(element(), torch.rand(1, generator=gen, dtype=torch.float64).tolist())

@@ -1,0 +1,110 @@
+"""The default alignment (continuous="auto"): candidates, the lowest objective kept."""
+
+import pytest
+import torch
+
+import wsym
+from wsym.align.choice import path_objective
+from wsym.align.continuous import mismatch
+from wsym.models.networks import MLP, CNN1d, ResidualCNN
+
+
+def double(sd):
+    return {k: v.detach().double() if v.is_floating_point() else v for k, v in sd.items()}
+
+
+def relative(a, b):
+    num = sum(float((a[k] - b[k]).pow(2).sum()) for k in a if a[k].is_floating_point())
+    den = sum(float(a[k].pow(2).sum()) for k in a if a[k].is_floating_point())
+    return (num / den) ** 0.5
+
+
+def pair(make, seed_b=1):
+    torch.manual_seed(0)
+    a = make().double().eval()
+    torch.manual_seed(seed_b)
+    b = make().double().eval()
+    return a, double(a.state_dict()), double(b.state_dict())
+
+
+def test_default_objective_is_never_above_a_candidate():
+    model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
+    spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
+    moved, report = wsym.align(sd_a, sd_b, spec, with_report=True)
+    assert report.objective == "weights"
+    assert set(report.values) == {"settled", "identity", "canonical"}
+    assert report.values[report.chosen] == min(report.values.values())
+    value = mismatch(spec, sd_a, moved)
+    for continuous in ("reference", "canonical", "canonical+reference"):
+        other = wsym.align(sd_a, sd_b, spec, continuous=continuous)
+        assert value <= mismatch(spec, sd_a, other) * (1 + 1e-12)
+
+
+def test_default_with_data_keeps_the_lowest_path_loss():
+    model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
+    spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(32, 6, generator=gen).double(), torch.randint(0, 3, (32,), generator=gen))
+    ]
+    moved, report = wsym.align(sd_a, sd_b, spec, model=model, batches=batches, with_report=True)
+    assert report.objective == "path"
+    assert {"activations", "activations+weights"} <= set(report.values)
+    best = path_objective(model, sd_a, moved, batches)
+    assert best == pytest.approx(min(report.values.values()), rel=1e-9)
+    for method in ("weights", "activations", "activations+weights"):
+        other = wsym.align(
+            sd_a, sd_b, spec, method, continuous="reference", model=model, batches=batches
+        )
+        assert best <= path_objective(model, sd_a, other, batches) + 1e-12
+
+
+def test_refine_path_runs_on_a_batchnorm_cnn():
+    model, sd_a, sd_b = pair(lambda: CNN1d(channels=6))
+    x = torch.randn(32, 40, dtype=torch.float64)
+    spec = wsym.detect(model, x[:4])
+    batches = [(x, torch.randint(0, 10, (32,)))]
+    moved = wsym.align(sd_a, sd_b, spec, refine="path", model=model, batches=batches)
+    net = CNN1d(channels=6).double().eval()
+    outs = []
+    for sd in (sd_b, moved):
+        net.load_state_dict(sd)
+        with torch.no_grad():
+            outs.append(net(x))
+    assert float((outs[1] - outs[0]).abs().max() / outs[0].abs().max()) < 1e-9
+
+
+class ConvNeXtNet(torch.nn.Module):
+    """A stem, one timm ConvNeXt block, pooling and a head."""
+
+    def __init__(self):
+        super().__init__()
+        from timm.models.convnext import ConvNeXtBlock
+
+        self.stem = torch.nn.Conv2d(3, 8, 2, stride=2)
+        self.block = ConvNeXtBlock(8, ls_init_value=0.5)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)).mean((2, 3)))
+
+
+def convnext():
+    pytest.importorskip("timm")
+    return ConvNeXtNet(), torch.randn(2, 3, 8, 8, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", ["residual-cnn", "convnext"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_recovers_a_planted_element(name, seed):
+    torch.manual_seed(0)
+    if name == "convnext":
+        model, x = convnext()
+    else:
+        model, x = ResidualCNN(channels=6), torch.randn(2, 1, 8, 8, dtype=torch.float64)
+    model = model.double().eval()
+    spec = wsym.detect(model, x)
+    sd = double(model.state_dict())
+    moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10.0)), sd)
+    assert relative(sd, moved) > 1e-2
+    assert relative(sd, wsym.align(sd, moved, spec)) < 1e-8
