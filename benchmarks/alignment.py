@@ -295,9 +295,9 @@ def curve_json(curve: Curve) -> dict:
 
 ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, rebasin torch seed)
 ALIGNERS = {
-    "wsym": {"method": "weights", "continuous": "auto", "data": False},  # the default, no data
-    "wsym data": {"method": "weights", "continuous": "auto"},  # the default, given the batches
-    "wsym reference": {"method": "weights", "continuous": "reference"},  # the previous default
+    "wsym": {"method": "weights", "continuous": "reference"},  # the default
+    "wsym auto": {"method": "weights", "continuous": "auto", "data": False},  # chosen, no data
+    "wsym auto data": {"method": "weights", "continuous": "auto"},  # chosen by the path loss
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym biases matched": {"method": "weights", "continuous": "reference", "biases": "matched"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
@@ -322,8 +322,8 @@ ALIGNERS = {
 }
 REPAIRED = (
     "wsym",
-    "wsym data",
-    "wsym reference",
+    "wsym auto data",
+    "wsym auto",
     "wsym biases matched",
     "wsym act+weights",
     "wsym rotation",
@@ -458,8 +458,8 @@ def seconds(runs: list[dict]) -> float | None:
 
 COLUMNS = (
     "wsym",
-    "wsym data",
-    "wsym reference",
+    "wsym auto data",
+    "wsym auto",
     "wsym canonical",
     "wsym biases matched",
     "wsym activations",
@@ -493,8 +493,8 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             label,
             f"{naive_r:.3f}",
             cell(ms["wsym"], key, naive_r, stars),
-            cell(ms["wsym data"], key, naive_r, stars),
-            cell(ms["wsym reference"], key, naive_r, stars),
+            cell(ms["wsym auto data"], key, naive_r, stars),
+            cell(ms["wsym auto"], key, naive_r, stars),
             "",
             cell(ms["wsym biases matched"], key, naive_r),
             "",
@@ -573,11 +573,11 @@ def report(results: list[dict], orders: int) -> None:
                 spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
                 parts.append(f"{name} {statistics.median(values):.1f}{spread}")
         print(f"  {res['name']:<12} " + ", ".join(parts))
-    print("\nThe default's chosen candidate per order (wsym: no data; wsym data: with the batches)")
+    print("\ncontinuous='auto': the chosen candidate per order (without data; with the batches)")
     for res in results:
         parts = [
             f"{name}: " + ", ".join(r.get("chosen", "?") for r in res["methods"][name])
-            for name in ("wsym", "wsym data")
+            for name in ("wsym auto", "wsym auto data")
             if res["methods"].get(name)
         ]
         print(f"  {res['name']:<12} " + "; ".join(parts))

@@ -1,4 +1,4 @@
-"""The default alignment (continuous="auto"): candidates, the lowest objective kept."""
+"""continuous="auto": the candidates run, the lowest objective kept."""
 
 import pytest
 import torch
@@ -30,7 +30,7 @@ def pair(make, seed_b=1):
 def test_default_objective_is_never_above_a_candidate():
     model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
     spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
-    moved, report = wsym.align(sd_a, sd_b, spec, with_report=True)
+    moved, report = wsym.align(sd_a, sd_b, spec, continuous="auto", with_report=True)
     assert report.objective == "weights"
     assert set(report.values) == {"settled", "identity", "canonical"}
     assert report.values[report.chosen] == min(report.values.values())
@@ -47,7 +47,9 @@ def test_default_with_data_keeps_the_lowest_path_loss():
     batches = [
         (torch.randn(32, 6, generator=gen).double(), torch.randint(0, 3, (32,), generator=gen))
     ]
-    moved, report = wsym.align(sd_a, sd_b, spec, model=model, batches=batches, with_report=True)
+    moved, report = wsym.align(
+        sd_a, sd_b, spec, continuous="auto", model=model, batches=batches, with_report=True
+    )
     assert report.objective == "path"
     assert {"activations", "activations+weights"} <= set(report.values)
     best = path_objective(model, sd_a, moved, batches)
@@ -107,4 +109,5 @@ def test_default_recovers_a_planted_element(name, seed):
     sd = double(model.state_dict())
     moved = spec.act(spec.sample(seed=seed, scale=(0.1, 10.0)), sd)
     assert relative(sd, moved) > 1e-2
-    assert relative(sd, wsym.align(sd, moved, spec)) < 1e-8
+    for continuous in ("reference", "auto"):  # the default and the chosen alignment
+        assert relative(sd, wsym.align(sd, moved, spec, continuous=continuous)) < 1e-8

@@ -60,8 +60,10 @@ CANON_TOL = 1e-10
 # drop, the second <0.5%, a third <1e-6: at 1e-2 two rounds run, with the same barriers as
 # three to 0.006 and 20% less time on the small pairs).
 ROUND_TOL = 1e-2
-# "auto" (the default): the candidates of AUTO run, the lowest objective kept (wsym.align.choice)
-CONTINUOUS = ("auto", "reference", "canonical", "canonical+reference")
+# "auto": the candidates of AUTO run, the lowest objective kept (wsym.align.choice). Not the
+# default: without data the lowest weight-matching objective gives higher barriers than
+# "reference" on the benchmark's pairs (docs/merging.md).
+CONTINUOUS = ("reference", "auto", "canonical", "canonical+reference")
 # The default's candidates: name -> (continuous, settled start); with data also DATA_CANDIDATES.
 AUTO = {
     "settled": ("reference", True),
@@ -100,7 +102,7 @@ def align(
     spec: SymmetrySpec,
     method: str = "weights",
     *,
-    continuous: str = "auto",
+    continuous: str = "reference",
     residual: str = "permutation",
     biases: str = "auto",
     refine: str = "none",
@@ -121,7 +123,7 @@ def align(
             classes with a traced site keep activation matching's permutation) or
             ``"activations+weights"`` (activation matching's permutations as the
             start of weight matching, which moves every class on).
-        continuous: ``"auto"`` (default): the cheap candidates run and the one
+        continuous: ``"auto"``: the cheap candidates run and the one
             with the lowest objective kept (:mod:`wsym.align.choice`): the
             ``"reference"`` alignment from the settled start and from the identity,
             the ``"canonical+reference"`` one, and, given ``model`` and ``batches``,
@@ -129,7 +131,7 @@ def align(
             residual stream) ``"activations"`` with ``residual="rotation"``; the
             objective is the weight-matching one without data and the loss along
             the path (statistics reset) with batches of ``(inputs, targets)``.
-            ``"reference"``: from the raw weights (from the
+            ``"reference"`` (default): from the raw weights (from the
             canonical alignment where a checkpoint is far from balanced, see
             ``IMBALANCE``), the
             permutations matched and the continuous groups fitted to
