@@ -124,7 +124,9 @@ def test_bad_directories_are_one_line_exit_2_nothing_written(tmp_path, capsys):
     out = tmp_path / "out"
     no_config = tmp_path / "noconfig"
     no_config.mkdir()
-    (no_config / "model.safetensors").write_bytes((a / next(iter(hf.read_directory(a).shards))).read_bytes())
+    (no_config / "model.safetensors").write_bytes(
+        (a / next(iter(hf.read_directory(a).shards))).read_bytes()
+    )
     msg = _cli_error(capsys, ["canon", str(no_config), "--input", "2,8", "--out", str(out)])
     assert "noconfig has no config.json" in msg and "save_pretrained" in msg
 

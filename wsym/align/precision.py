@@ -50,9 +50,7 @@ def working_dtype(state_dict: dict, dtype: torch.dtype | None = None) -> torch.d
 
 def working(state_dict: dict, dtype: torch.dtype) -> dict:
     """``state_dict`` with its floating tensors at ``dtype`` (the same tensors where they are)."""
-    return {
-        k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()
-    }
+    return {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
 
 
 def round_off(dtype: torch.dtype) -> float:

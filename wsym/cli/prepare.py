@@ -140,9 +140,7 @@ def prepare(
         )
     else:
         spec = wsym.detect(model, data.x_train[:DATA_EXAMPLES])
-    return Prepared(
-        model=model, spec=spec, states=states, data=data, layout=layout, dtype=dtype
-    )
+    return Prepared(model=model, spec=spec, states=states, data=data, layout=layout, dtype=dtype)
 
 
 def _model_and_states(args: argparse.Namespace, checkpoints: Sequence[str], config: dict):
@@ -165,9 +163,11 @@ def _model_and_states(args: argparse.Namespace, checkpoints: Sequence[str], conf
                 "model directories as the checkpoints"
             )
         source = checkpoints[0]
-    layout = hf.read_directory(checkpoints[0]) if checkpoints and hf.is_directory(
-        checkpoints[0]
-    ) else None
+    layout = (
+        hf.read_directory(checkpoints[0])
+        if checkpoints and hf.is_directory(checkpoints[0])
+        else None
+    )
     if hf.is_directory(source):
         model, own = hf.build_from_directory(source)
         model_spec = f"hf:{model.config.model_type}"
@@ -177,7 +177,11 @@ def _model_and_states(args: argparse.Namespace, checkpoints: Sequence[str], conf
     tied = hf.tied_keys(model)
     states = []
     for path in checkpoints:
-        if own is not None and hf.is_directory(path) and Path(path).resolve() == Path(source).resolve():
+        if (
+            own is not None
+            and hf.is_directory(path)
+            and Path(path).resolve() == Path(source).resolve()
+        ):
             state = own
         elif hf.is_directory(path):
             directory = hf.read_directory(path)

@@ -95,8 +95,11 @@ def read_directory(path: str | os.PathLike[str]) -> Directory:
         found = next((p.name for p in sorted(path.iterdir()) if p.suffix == ".bin"), None)
         raise WsymInputError(
             f"{path} has neither {WEIGHTS} nor {INDEX}; "
-            + (f"found {found}, a pickle wsym does not read{extra}" if found else "save the "
-               "weights with save_pretrained")
+            + (
+                f"found {found}, a pickle wsym does not read{extra}"
+                if found
+                else "save the weights with save_pretrained"
+            )
         )
     return Directory(path, config, {WEIGHTS: _shard_keys(path / WEIGHTS)}, False)
 
@@ -298,7 +301,9 @@ def save_directory(
         _copy_small_files(like.path, tmp)
         total = 0
         for shard, keys in like.shards.items():
-            tensors = _detached({k: state_dict[k].to(dtypes.get(k, state_dict[k].dtype)) for k in keys})
+            tensors = _detached(
+                {k: state_dict[k].to(dtypes.get(k, state_dict[k].dtype)) for k in keys}
+            )
             total += sum(t.numel() * t.element_size() for t in tensors.values())
             _write_shard(tensors, tmp / shard)
         if like.indexed:
