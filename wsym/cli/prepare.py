@@ -202,7 +202,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def working_dtype(name: str | None, args: argparse.Namespace) -> torch.dtype | None:
-    """The ``--dtype`` a checkpoint command works in (None: the API's default), or a one-line error."""
+    """The ``--dtype`` a checkpoint command works in (None: the default), or a one-line error."""
     if name is None:
         return None
     if name in DTYPES:
