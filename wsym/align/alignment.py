@@ -37,8 +37,9 @@ from wsym.align.assignment import assignment
 from wsym.align.biases import unmatched_biases, without
 from wsym.align.canonicalize import canonical_element
 from wsym.align.choice import AlignReport, choose
-from wsym.align.continuous import continuous_descent, mismatch
+from wsym.align.continuous import continuous_descent, mismatch, squared_norm
 from wsym.align.matching import plans, procrustes, weight_matching
+from wsym.align.precision import RECOVERED, working, working_dtype
 from wsym.align.settled import is_chain, settled_start
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
@@ -111,9 +112,14 @@ def align(
     batches=None,
     max_iter: int = 100,
     seed: int = 0,
+    dtype: torch.dtype | None = None,
     with_report: bool = False,
 ):
     """``sd_other`` moved onto ``sd_ref``'s basis (same function as ``sd_other``).
+
+    Memory: one copy of each state dict at the working ``dtype`` (none where
+    they are at it already) and the moved copy of ``sd_other``; the matching
+    reads one class's tensors at a time.
 
     Args:
         sd_ref: the reference state dict (of the architecture ``spec`` describes).
@@ -164,6 +170,9 @@ def align(
         batches: iterable of ``(inputs, targets)``; only the inputs are used.
         max_iter: sweeps of weight matching.
         seed: order of the classes in weight matching.
+        dtype: working precision, ``torch.float32`` or ``torch.float64``; None:
+            float64 up to ``wsym.align.precision.FLOAT64_LIMIT`` parameters, float32
+            above. The result has ``sd_other``'s dtypes.
         with_report: return ``(aligned, AlignReport)``
             (:class:`wsym.align.choice.AlignReport`: which candidate won, every
             candidate's objective; for another ``continuous``, the one candidate).
@@ -206,11 +215,20 @@ def align(
     _check_option("refine", refine, REFINE, "refinement", " of (inputs, targets)", *checked)
     batches = list(batches) if batches is not None else None
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
+    dtype = working_dtype(sd_other, dtype)
+    ref_w, other_w = working(sd_ref, dtype), working(sd_other, dtype)
     path_loss = None
     if refine == "path":
         path_loss = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
     run = functools.partial(
-        _one_alignment, spec, sd_ref, sd_other, biases=biases, path_loss=path_loss, **options
+        _one_alignment,
+        spec,
+        ref_w,
+        other_w,
+        out_like=sd_other,
+        biases=biases,
+        path_loss=path_loss,
+        **options,
     )
     if continuous != "auto":
         moved = run(method, continuous, residual)
@@ -246,34 +264,37 @@ def _candidates(spec, method, residual, model, batches) -> dict:
 
 def _one_alignment(
     spec,
-    sd_ref,
-    sd_other,
+    ref_w,
+    other_w,
     method,
     continuous,
     residual,
     settle=True,
     *,
+    out_like,
     biases,
     path_loss,
     **options,
 ) -> dict:
-    """``sd_other`` aligned to ``sd_ref`` by one method (the body of :func:`align`)."""
+    """``other_w`` aligned to ``ref_w`` by one method (the body of :func:`align`).
+
+    Both are at the working dtype; the result has ``out_like``'s dtypes.
+    """
     model, batches, seed = options["model"], options["batches"], options["seed"]
+    dtype = _dtype_of(ref_w)
     if residual == "rotation":
-        moved = _rotation_alignment(
-            spec, _float64(sd_ref), _float64(sd_other), method, path_loss=path_loss, **options
-        )
-        return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
+        moved = _rotation_alignment(spec, ref_w, other_w, method, path_loss=path_loss, **options)
+        return _like(moved, out_like)
     if (
         continuous == "reference"
-        and max(imbalance(spec, sd_ref), imbalance(spec, sd_other)) > IMBALANCE
+        and max(imbalance(spec, ref_w), imbalance(spec, other_w)) > IMBALANCE
     ):
         continuous = "canonical+reference"
     if continuous == "reference":
         # Sign conventions first (an isometry: the objective is the same in either basis), so
         # that copies differing by sign flips start matched; scales stay as they are.
-        ref, g_ref = canonical_element(sd_ref, spec, kinds=SIGNS)
-        other, _ = canonical_element(sd_other, spec, kinds=SIGNS)
+        ref, g_ref = canonical_element(ref_w, spec, kinds=SIGNS, dtype=dtype)
+        other, _ = canonical_element(other_w, spec, kinds=SIGNS, dtype=dtype)
         unmatched = unmatched_biases(spec) if biases == "auto" else frozenset()
         moved = reference_alignment(
             spec, ref, other, method, unmatched=unmatched, settle=settle, **options
@@ -282,12 +303,17 @@ def _one_alignment(
             moved = _refined(spec, model, ref, moved, batches, path_loss, seed)
         moved = act(spec, g_ref.inverse(), moved)
     else:
-        moved = _canonical_alignment(spec, sd_ref, sd_other, method, **options)
+        moved = _canonical_alignment(spec, ref_w, other_w, method, **options)
         if continuous == "canonical+reference":
-            moved = reference_alignment(spec, _float64(sd_ref), moved, method, **options)
+            moved = reference_alignment(spec, ref_w, moved, method, **options)
             if path_loss is not None:
-                moved = _refined(spec, model, _float64(sd_ref), moved, batches, path_loss, seed)
-    return {k: v.to(sd_other[k].dtype) if k in sd_other else v for k, v in moved.items()}
+                moved = _refined(spec, model, ref_w, moved, batches, path_loss, seed)
+    return _like(moved, out_like)
+
+
+def _like(moved: dict, out_like: dict) -> dict:
+    """``moved`` in ``out_like``'s dtypes (entries it lacks as they are)."""
+    return {k: v.to(out_like[k].dtype) if k in out_like else v for k, v in moved.items()}
 
 
 def reference_alignment(
@@ -337,8 +363,8 @@ def reference_alignment(
         current = act(spec, GroupElement(tuple(perms)), current)
         fixed = (matched if method == "activations" else set()) | set(hold)
     value = mismatch(spec, ref, current)
-    scale = mismatch(spec, ref, {k: torch.zeros_like(v) for k, v in ref.items()})
-    if value <= 1e-16 * scale:  # on the reference to 1e-8 (a recovered copy): nothing to fit
+    # on the reference to round-off (1e-8 relative in float64: a recovered copy): nothing to fit
+    if value <= RECOVERED[_dtype_of(ref)] ** 2 * squared_norm(spec, ref):
         return current
     best, lowest, scored_ref = current, value, without(ref, unmatched)
     for r in range(rounds):
@@ -445,8 +471,9 @@ def _canonical_alignment(
 ) -> dict:
     """Both canonicalized in the continuous groups, matched, expressed in ``sd_ref``'s basis."""
     max_iter, seed = options["max_iter"], options["seed"]
-    ref, g_ref = canonical_element(sd_ref, spec, kinds=NO_PERMUTATION, tol=CANON_TOL)
-    other, _ = canonical_element(sd_other, spec, kinds=NO_PERMUTATION, tol=CANON_TOL)
+    dtype = _dtype_of(sd_ref)
+    ref, g_ref = canonical_element(sd_ref, spec, kinds=NO_PERMUTATION, tol=CANON_TOL, dtype=dtype)
+    other, _ = canonical_element(sd_other, spec, kinds=NO_PERMUTATION, tol=CANON_TOL, dtype=dtype)
     if method == "weights":
         perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed)
     else:
@@ -467,7 +494,6 @@ def imbalance(spec: SymmetrySpec, sd: dict) -> float:
     """
     from wsym.align.canonicalize import _continuous
 
-    sd = _float64(sd)
     out = 0.0
     for i, g in enumerate(spec.groups):
         kind = kind_of(g)
@@ -479,8 +505,9 @@ def imbalance(spec: SymmetrySpec, sd: dict) -> float:
     return out
 
 
-def _float64(sd: dict) -> dict:
-    return {k: v.detach().double() if v.is_floating_point() else v for k, v in sd.items()}
+def _dtype_of(sd: dict) -> torch.dtype:
+    """The floating dtype of a working state dict (float64 if it has none)."""
+    return next((v.dtype for v in sd.values() if v.is_floating_point()), torch.float64)
 
 
 def check_same_architecture(spec: SymmetrySpec, *state_dicts: dict) -> None:

@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from wsym.align.precision import working, working_dtype
 from wsym.errors import SymmetryWarning
 from wsym.group.elements import GroupElement, act
 from wsym.group.fits import check_fits
@@ -50,14 +51,27 @@ assert set(CONTINUOUS) == set(kinds_where(continuous=True))
 OVER_RELAXATION = {"scaling": 1.1, "norm_scaling": 1.2}
 
 
-def canonicalize(state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float = 1e-12) -> dict:
+def canonicalize(
+    state_dict: dict,
+    spec: SymmetrySpec,
+    *,
+    kinds=None,
+    tol: float | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict:
     """The canonical representative of ``state_dict``'s orbit (same dtypes as the input).
+
+    Memory: one copy of ``state_dict`` at the working ``dtype`` (none where it is
+    at it already); each step replaces only the tensors it moves.
 
     Args:
         state_dict: a state dict of the architecture ``spec`` was detected on.
         spec: its :class:`~wsym.group.spec.SymmetrySpec`.
         kinds: restrict to these group kinds (default: all).
-        tol: convergence tolerance of the continuous sweeps.
+        tol: convergence tolerance of the continuous sweeps (default ``1e-12``
+            in float64, ``1e-6`` in float32).
+        dtype: working precision (``wsym.align.precision.working_dtype``: float64
+            up to ``FLOAT64_LIMIT`` parameters, float32 above, by default).
 
     Example:
         >>> import torch, wsym
@@ -71,16 +85,27 @@ def canonicalize(state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float
     """
     check_fits(spec, state_dict, "wsym.canonicalize")  # here, not in canonical_element:
     # optimizers reach it diverged
-    canon, _ = canonical_element(state_dict, spec, kinds=kinds, tol=tol)
+    dtype = working_dtype(state_dict, dtype)
+    if tol is None:
+        tol = 1e-12 if dtype == torch.float64 else 1e-6
+    canon, _ = canonical_element(state_dict, spec, kinds=kinds, tol=tol, dtype=dtype)
     return {k: v.to(state_dict[k].dtype) for k, v in canon.items()}
 
 
 def canonical_element(
-    state_dict: dict, spec: SymmetrySpec, *, kinds=None, tol: float = 1e-12, max_sweeps: int = 1000
+    state_dict: dict,
+    spec: SymmetrySpec,
+    *,
+    kinds=None,
+    tol: float = 1e-12,
+    max_sweeps: int = 1000,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[dict, GroupElement]:
-    """``(canonical float64 state dict, g)`` with ``act(g, state_dict) == canonical``."""
+    """``(canonical state dict at dtype, g)`` with ``act(g, state_dict) == canonical``."""
     refuse_modules(spec, "canonicalize", kinds)
-    work = {k: v.detach().double() if v.is_floating_point() else v for k, v in state_dict.items()}
+    work = working(state_dict, dtype)
+    if dtype != torch.float64:  # float32 sweeps move by round-off (~1e-6) forever below this
+        tol = max(tol, 1e-5)
     kinds = set(kinds) if kinds is not None else {g.kind for g in spec.groups}
     comps: list = []
 
@@ -267,7 +292,7 @@ def _balance(sums: dict[int, torch.Tensor], normalize: bool) -> torch.Tensor:
         e0 = min(exps, key=abs)
         u = -0.5 * torch.log(sums[e0].clamp_min(1e-300)) / e0
         return torch.where(sums[e0] > 0, u.exp(), torch.ones(n, dtype=u.dtype))
-    u = torch.zeros(n, dtype=torch.float64)
+    u = torch.zeros(n, dtype=sums[exps[0]].dtype)
     if -1 in sums and 1 in sums:
         ok = (sums[-1] > 0) & (sums[1] > 0)
         u = torch.where(
@@ -293,7 +318,7 @@ def _gl(mats: dict[int, torch.Tensor]) -> torch.Tensor:
     g, h = mats.get(0), mats.get(1)
     size = (g if g is not None else h).shape[-1]
     lead = (g if g is not None else h).shape[:-2]
-    eye = torch.eye(size, dtype=torch.float64).expand(*lead, size, size).clone()
+    eye = torch.eye(size, dtype=(g if g is not None else h).dtype).expand(*lead, size, size).clone()
     if g is None or h is None or g.shape[-2] < size or h.shape[-2] < size:
         return eye
     qg, rg = torch.linalg.qr(g)
@@ -313,7 +338,7 @@ def _principal(mats: dict[int, torch.Tensor], special: bool) -> torch.Tensor:
     x = torch.cat(list(mats.values()), dim=-2)
     size = x.shape[-1]
     if x.shape[-2] < size:
-        return torch.eye(size, dtype=torch.float64).expand(*x.shape[:-2], size, size).clone()
+        return torch.eye(size, dtype=x.dtype).expand(*x.shape[:-2], size, size).clone()
     q, r = torch.linalg.qr(x)
     ur, _, vrh = torch.linalg.svd(r)
     v = vrh.transpose(-1, -2) * _column_signs(q @ ur).unsqueeze(-2)

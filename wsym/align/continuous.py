@@ -70,10 +70,33 @@ def mismatch_terms(spec: SymmetrySpec, ref: dict, other: dict, keys=None) -> dic
     """
     skip = set(spec.buffers)
     return {
-        k: float((other[k].double() - ref[k].double()).pow(2).sum())
+        k: _squared_distance(other[k], ref[k])
         for k, _ in spec.layouts
         if k not in skip and (keys is None or k in keys) and k in ref and ref[k].is_floating_point()
     }
+
+
+def _squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b||^2`` at the tensors' dtype (float64 where they differ).
+
+    One temporary of one tensor's size (the difference), not float64 copies of both.
+    """
+    if a.dtype != b.dtype:
+        a, b = a.double(), b.double()
+    if a.dtype == torch.float64:
+        return float((a - b).pow_(2).sum())
+    diff = (a - b).reshape(-1)
+    return float(torch.dot(diff, diff))  # float32: BLAS's blocked sum, no float64 copy
+
+
+def squared_norm(spec: SymmetrySpec, sd: dict) -> float:
+    """``sum ||sd_k||^2`` over the floating-point parameters :func:`mismatch` counts."""
+    skip = set(spec.buffers)
+    return sum(
+        float(torch.dot(sd[k].reshape(-1), sd[k].reshape(-1)))
+        for k, _ in spec.layouts
+        if k not in skip and k in sd and sd[k].is_floating_point()
+    )
 
 
 def fit_continuous(
@@ -370,7 +393,7 @@ def _fit_gl(mats: dict, mats_ref: dict):
         return None
     g, h, g_ref, h_ref = mats[0], mats[1], mats_ref[0], mats_ref[1]
     size = g.shape[-1]
-    eye = torch.eye(size, dtype=torch.float64).expand(*g.shape[:-2], size, size).clone()
+    eye = torch.eye(size, dtype=g.dtype).expand(*g.shape[:-2], size, size).clone()
     m = _gl_start(g, h, g_ref, h_ref, eye)
     try:
         better = gl_objective(m, g, h, g_ref, h_ref) < gl_objective(eye, g, h, g_ref, h_ref)

@@ -36,10 +36,18 @@ from dataclasses import dataclass
 import torch
 
 from wsym.align.assignment import assignment
+from wsym.align.precision import round_off
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
-from wsym.group.units import block_classes, block_matrices, odd_rows, per_class_only, unit_matrix
+from wsym.group.units import (
+    ClassRows,
+    block_classes,
+    block_matrices,
+    odd_rows,
+    per_class_only,
+    unit_matrix,
+)
 
 ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
 
@@ -54,6 +62,11 @@ class ClassPlan:
         blocks: GL/orthogonal groups whose only index is the class (heads).
         coupled: classes that share a parameter block with it (its cost depends on them).
         fixed: the permutation is held (only the signs are matched).
+        incremental: another permutation class (or itself, twice in a block) shares a
+            block with it: between its solves a few columns of its unit matrix move,
+            so the matrix is kept to update the pairing score (:func:`plain_score`);
+            otherwise the score is taken block by block (:class:`~wsym.group.units.ClassRows`)
+            and nothing is kept.
     """
 
     group: int
@@ -61,10 +74,12 @@ class ClassPlan:
     blocks: tuple[int, ...]
     coupled: frozenset[int]
     fixed: bool = False
+    incremental: bool = True
 
 
 def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
     """One :class:`ClassPlan` per permutation group (all, or those in ``groups``)."""
+    permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
     if groups is None:
         groups = [i for i, g in enumerate(spec.groups) if kind_of(g).permutes]
     out = []
@@ -76,13 +91,20 @@ def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
             j for j, g in enumerate(spec.groups) if kind_of(g).matrix and g.index == (cls,)
         )
         coupled = frozenset(block_classes(spec, spec.groups[i], itself=True))
-        out.append(ClassPlan(i, signs, blocks, coupled, i in fixed))
+        incremental = bool(coupled & permuted)
+        out.append(ClassPlan(i, signs, blocks, coupled, i in fixed, incremental))
     return out
 
 
 def class_units(spec: SymmetrySpec, sd: dict, plan: ClassPlan) -> tuple:
-    """``(unit matrix, [odd rows per sign group], [block matrices per GL group])``."""
-    full = unit_matrix(spec, sd, spec.groups[plan.group].cls)
+    """``(unit rows, [odd rows per sign group], [block matrices per GL group])``.
+
+    The unit rows are :func:`~wsym.group.units.unit_matrix` for an
+    :attr:`ClassPlan.incremental` class, else a :class:`~wsym.group.units.ClassRows`
+    that reads ``sd`` block by block when the score is taken.
+    """
+    cls = spec.groups[plan.group].cls
+    full = unit_matrix(spec, sd, cls) if plan.incremental else ClassRows(spec, sd, cls)
     odds = [odd_rows(spec, sd, spec.groups[s]) for s in plan.signs]
     blocks = [block_matrices(spec, sd, spec.groups[b]) for b in plan.blocks]
     return full, odds, blocks
@@ -139,6 +161,8 @@ def plain_score(ref: torch.Tensor, cur: torch.Tensor, previous=None) -> torch.Te
         >>> torch.allclose(plain_score(ref, cur, (old, ref @ old.T)), ref @ cur.T)
         True
     """
+    if isinstance(ref, ClassRows):
+        return ref.product(cur)
     if previous is not None and previous[0].shape == cur.shape:
         old, old_plain = previous
         changed = (cur != old).any(0).nonzero().squeeze(1)
@@ -163,10 +187,10 @@ def match_class(
     rows = torch.arange(len(score))
     perm = rows if plan.fixed else assignment(score, warm=warm or previous is not None)
     gain = float(score[rows, perm].sum() - score.trace())
-    if gain <= 1e-12 * max(1.0, float(plain.trace().abs())):
+    if gain <= round_off(score.dtype) * max(1.0, float(plain.trace().abs())):
         perm = rows  # no strict gain from moving units: keep them, only fix signs
     step = [(plan.group, perm)] if (perm != rows).any() else []
-    if memo is not None:  # the class's rows move with its permutation, the score's columns too
+    if memo is not None and plan.incremental:  # its rows move with its permutation, so do columns
         memo[plan.group] = (cur[0][perm], plain[:, perm]) if step else (cur[0], plain)
     for s, odd in zip(plan.signs, odds, strict=True):
         if odd is not None:
@@ -229,12 +253,14 @@ def weight_matching(
         True
     """
     todo = plans(spec, groups, fixed)
-    ref_units = {p.group: class_units(spec, ref, p) for p in todo}
+    ref_units: dict = {}  # read on a class's first solve (a skipped class never reads it)
     moved_at: dict[int, int] = {}  # class -> step at which it last moved
     solved_at: dict[int, int] = {}  # group -> step at which it was last solved
     rng = random.Random(seed)
     comps: list = []
     current, clock, memo = other, 0, {}
+    dtype = next((v.dtype for v in other.values() if v.is_floating_point()), torch.float64)
+    rotation_tol = max(ROTATION_TOL, 10 * round_off(dtype))  # float32's SVDs move by ~1e-6
     for _ in range(max_iter):
         changed = False
         order = todo[:]
@@ -245,13 +271,15 @@ def weight_matching(
                 continue
             clock += 1
             solved_at[i] = clock
+            if i not in ref_units:
+                ref_units[i] = class_units(spec, ref, plan)
             step = match_class(spec, plan, ref_units[i], current, memo, warm)
             if step:
                 clock += 1
                 current = _apply(spec, current, step, comps, moved_at, clock)
                 changed = True
         if rotations:
-            turn = procrustes(spec, ref, current, tol=ROTATION_TOL)
+            turn = procrustes(spec, ref, current, tol=rotation_tol)
             if turn:
                 clock += 1
                 current = _apply(spec, current, turn, comps, moved_at, clock)

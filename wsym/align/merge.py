@@ -50,6 +50,7 @@ def merge(
     seed: int = 0,
     loss_fn=None,
     with_report: bool = False,
+    dtype: torch.dtype | None = None,
 ):
     """Average of ``state_dicts`` after aligning them all to a common basis.
 
@@ -80,6 +81,9 @@ def merge(
         loss_fn: the loss of ``refine="path"`` and, with ``with_report``, of each
             member's barrier to the merge.
         with_report: return ``(merged, MergeReport)``.
+        dtype: working precision of the alignments (see :func:`wsym.align`).
+            Memory: the members, their aligned copies and the merge; the mean is
+            taken one tensor at a time.
 
     Example:
         >>> import torch, wsym
@@ -111,6 +115,7 @@ def merge(
             loss_fn=loss_fn,
             model=model,
             batches=batches,
+            dtype=dtype,
         )
 
     aligned = [sd if i == reference else aligned_to(ref, sd) for i, sd in enumerate(state_dicts)]
@@ -149,8 +154,10 @@ def _mean(state_dicts: list[dict], like: dict) -> dict:
     out = {}
     for key, value in like.items():
         if value.is_floating_point():
-            stacked = torch.stack([sd[key].to(torch.float64) for sd in state_dicts])
-            out[key] = stacked.mean(0).to(value.dtype)
+            total = state_dicts[0][key].to(torch.float64, copy=True)
+            for sd in state_dicts[1:]:
+                total += sd[key]
+            out[key] = total.div_(len(state_dicts)).to(value.dtype)
         else:
             out[key] = value.clone()
     return out

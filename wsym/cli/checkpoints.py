@@ -19,11 +19,12 @@ from wsym.cli.prepare import (
     add_data_options,
     add_model_options,
     batches,
+    check_out,
     check_out_dir,
-    check_state_dict_out,
     l2_distance,
     matching_batches,
     prepare,
+    write_out,
 )
 from wsym.errors import WsymInputError
 from wsym.io.files import write_files
@@ -115,7 +116,17 @@ def add_commands(commands: Any) -> None:
 
 def _add_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--out", required=True, metavar="FILE", help="output checkpoint (.safetensors/.pt)"
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="output checkpoint (.safetensors/.pt), or a model directory when the "
+        "checkpoints are Hugging Face directories (replaced atomically)",
+    )
+    parser.add_argument(
+        "--dtype",
+        metavar="{float32,float64}",
+        help="working precision (default: float64 up to 2**24 parameters, float32 above; "
+        "the outputs keep the checkpoints' dtypes)",
     )
 
 
@@ -197,12 +208,11 @@ def _add_statistics(parser: argparse.ArgumentParser, where: str) -> None:
 def run_canon(args: argparse.Namespace) -> int:
     """``wsym canon``: the canonical representative of a checkpoint's orbit."""
     import wsym
-    from wsym.io import save_state_dict
 
-    out = check_state_dict_out(args.out)
+    out = check_out(args.out, args.checkpoint)
     job = prepare(args, [args.checkpoint])
-    canon = wsym.canonicalize(job.states[0], job.spec)
-    save_state_dict(canon, out)
+    canon = wsym.canonicalize(job.states[0], job.spec, dtype=job.dtype)
+    write_out(job, canon, out)
     moved = l2_distance(job.states[0], canon)
     report = {"checkpoint": args.checkpoint, "out": str(out), "groups": len(job.spec.groups)}
     text = f"canonical form ({len(job.spec.groups)} groups, moved by {moved:.6g}) written to {out}"
@@ -212,16 +222,14 @@ def run_canon(args: argparse.Namespace) -> int:
 
 def run_align(args: argparse.Namespace) -> int:
     """``wsym align``: OTHER moved onto REF's basis; prints the distance before and after."""
-    from wsym.io import save_state_dict
-
-    out = check_state_dict_out(args.out)
+    out = check_out(args.out, args.reference)
     _need_data(args, args.method != "weights", f"--method {args.method}")
     _check_continuous(args)
     job = prepare(args, [args.reference, args.other])
     ref, other = job.states
     data = matching_batches(job.data, args.split, args.batch_size) if job.data else None
     aligned = _align(job, ref, other, args.method, data, args)
-    save_state_dict(aligned, out)
+    write_out(job, aligned, out)
     before, after = l2_distance(ref, other), l2_distance(ref, aligned)
     report = {
         "reference": args.reference,
@@ -244,9 +252,8 @@ def run_align(args: argparse.Namespace) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     """``wsym merge``: the average of the checkpoints aligned to the first."""
     import wsym
-    from wsym.io import save_state_dict
 
-    out = check_state_dict_out(args.out)
+    out = check_out(args.out, args.checkpoints[0])
     if len(args.checkpoints) < 2:
         raise WsymInputError("merge needs at least two checkpoints; pass CK1 CK2 [CK3 ...]")
     _need_data(args, args.method != "weights", f"--method {args.method}")
@@ -268,11 +275,12 @@ def run_merge(args: argparse.Namespace) -> int:
         batches=matching,
         repair=args.repair,
         seed=args.seed,
+        dtype=job.dtype,
     )
     if args.reset_batchnorm and not args.repair:
         data = batches(job.data, args.split, args.batch_size)
         merged = _reset_batchnorm(job.model, merged, data)
-    save_state_dict(merged, out)
+    write_out(job, merged, out)
     report = {
         "checkpoints": list(args.checkpoints),
         "out": str(out),
@@ -338,6 +346,7 @@ def _align(job: Any, ref: dict, other: dict, method: str, data, args: argparse.N
         model=model,
         batches=data,
         seed=args.seed,
+        dtype=job.dtype,
     )
 
 

@@ -28,21 +28,33 @@ class Prepared:
     """A model with the first checkpoint loaded, its spec, the checkpoints and the data.
 
     Attributes:
-        model: The model built from ``--model``/``--config``, in eval mode.
+        model: The model built from ``--model``/``--config`` (or a model
+            directory), in eval mode.
         spec: Detected on ``model`` or read from ``--spec``.
         states: One state dict per checkpoint, in the order given.
         data: The ``--data`` dataset, or None.
+        layout: The first checkpoint's Hugging Face directory layout
+            (:class:`wsym.io.hf.Directory`), where it is one: outputs are then
+            written as such a directory.
+        dtype: The working precision ``--dtype`` names, or None.
     """
 
     model: torch.nn.Module
     spec: Any
     states: list[dict[str, torch.Tensor]]
     data: Any = None
+    layout: Any = None
+    dtype: torch.dtype | None = None
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """Add the options that build a model and find its symmetries (as ``wsym detect``)."""
-    parser.add_argument("--model", required=True, metavar="SPEC", help="model spec to build")
+    parser.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model spec to build, or a Hugging Face model directory "
+        "(default: the first checkpoint, when it is such a directory)",
+    )
     parser.add_argument("--config", default="", metavar="K=V,...", help="builder config")
     parser.add_argument(
         "--input",
@@ -99,14 +111,13 @@ def prepare(
         WsymInputError: Any problem with the options, the files or the data.
     """
     import wsym
-    from wsym.io import load_state_dict
-    from wsym.io.checkpoint import check_compatible, check_finite
     from wsym.io.datasets import load as load_data
-    from wsym.models.registry import build_model, example_inputs, parse_config, parse_input_shape
+    from wsym.models.registry import example_inputs, parse_config, parse_input_shape
 
     config = parse_config(args.config)
     shape = parse_input_shape(args.input) if args.input else None
     data_name = getattr(args, "data", None)
+    dtype = working_dtype(getattr(args, "dtype", None), args)
     if getattr(args, "batch_size", 1) < 1:
         raise WsymInputError(f"--batch-size must be positive, got {args.batch_size}")
     spec_text = read_spec_file(args.spec) if args.spec else None
@@ -115,31 +126,94 @@ def prepare(
             "no example input to detect symmetries with: pass --input SHAPE (e.g. 8,40), "
             "--data NAME, or --spec FILE saved by 'wsym detect --json'"
         )
-    states = []
-    for path in checkpoints:
-        state = load_state_dict(path)
-        check_finite(state, path)
-        states.append(state)
-    torch.manual_seed(args.seed)
-    model = build_model(args.model, config)
-    for path, state in zip(checkpoints, states, strict=True):
-        check_compatible(model.state_dict(), state, path)
-    if states:
-        model.load_state_dict(states[0])
+    model_spec, model, states, layout = _model_and_states(args, checkpoints, config)
     data = load_data(data_name) if data_name else None
     if data is not None:
-        check_data_fits(model, data, args.model, loss=loss)
+        check_data_fits(model, data, model_spec, loss=loss)
     if spec_text is not None:
         spec = spec_from_text(spec_text, args.spec, model)
     elif not detect:
         spec = None
     elif shape is not None:
         spec = wsym.detect(
-            model, example_inputs(args.model, shape, model=model, config=config, seed=args.seed)
+            model, example_inputs(model_spec, shape, model=model, config=config, seed=args.seed)
         )
     else:
         spec = wsym.detect(model, data.x_train[:DATA_EXAMPLES])
-    return Prepared(model=model, spec=spec, states=states, data=data)
+    return Prepared(model=model, spec=spec, states=states, data=data, layout=layout, dtype=dtype)
+
+
+def _model_and_states(args: argparse.Namespace, checkpoints: Sequence[str], config: dict):
+    """``(model spec, model, states, layout)``: the model and every checkpoint, checked.
+
+    A model directory (``--model DIR``, or the first checkpoint when ``--model``
+    is left out) builds the model from its config with its weights; a checkpoint
+    that is a directory is read shard by shard (:mod:`wsym.io.hf`), any other
+    as a file. The first checkpoint is loaded into the model.
+    """
+    from wsym.io import hf, load_state_dict
+    from wsym.io.checkpoint import check_compatible, check_finite
+    from wsym.models.registry import build_model
+
+    source = args.model
+    if source is None:
+        if not checkpoints or not hf.is_directory(checkpoints[0]):
+            raise WsymInputError(
+                "no model: pass --model SPEC (e.g. --model wsym:mlp), or give Hugging Face "
+                "model directories as the checkpoints"
+            )
+        source = checkpoints[0]
+    layout = (
+        hf.read_directory(checkpoints[0])
+        if checkpoints and hf.is_directory(checkpoints[0])
+        else None
+    )
+    if hf.is_directory(source):
+        model, own = hf.build_from_directory(source)
+        model_spec = f"hf:{model.config.model_type}"
+    else:
+        torch.manual_seed(args.seed)
+        model, own, model_spec = build_model(source, config), None, source
+    tied = hf.tied_keys(model)
+    states = []
+    for path in checkpoints:
+        if (
+            own is not None
+            and hf.is_directory(path)
+            and Path(path).resolve() == Path(source).resolve()
+        ):
+            state = own
+        elif hf.is_directory(path):
+            directory = hf.read_directory(path)
+            hf.check_fits(directory, model)
+            state = hf.load_directory(directory, tied)
+        else:
+            state = load_state_dict(path)
+        check_finite(state, path)
+        check_compatible(model.state_dict(), state, path)
+        states.append(state)
+    if states and states[0] is not own:
+        model.load_state_dict(states[0])
+    return model_spec, model, states, layout
+
+
+#: Working precisions of canonicalization, alignment and merging (their SVDs, eigensolves).
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def working_dtype(name: str | None, args: argparse.Namespace) -> torch.dtype | None:
+    """The ``--dtype`` a checkpoint command works in (None: the default), or a one-line error."""
+    if name is None:
+        return None
+    if name in DTYPES:
+        return DTYPES[name]
+    if name in ("float16", "half", "bfloat16"):
+        raise WsymInputError(
+            f"wsym {args.command} cannot run in {name} (its SVDs and eigensolves have no {name} "
+            "kernels on the CPU); use --dtype float32 (the outputs keep the checkpoints' "
+            f"{name} storage)"
+        )
+    raise WsymInputError(f"unknown --dtype {name}; use float32 or float64")
 
 
 def read_spec_file(path: str) -> str:
@@ -216,6 +290,30 @@ def matching_batches(data: Any, split: str, batch_size: int) -> list:
     if len(out) > 1 and len(out[-1][1]) < len(out[0][1]):
         out.pop()
     return out
+
+
+def check_out(path: str, first: str) -> Path:
+    """Where a checkpoint command writes: a model directory when ``first`` is one, else a file."""
+    from wsym.io import hf
+
+    if not hf.is_directory(first):
+        return check_state_dict_out(path)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise WsymInputError(f"cannot write {path}: it is a file; name a directory for the model")
+    if not out.parent.is_dir():
+        raise WsymInputError(f"cannot write {path}: directory {out.parent} does not exist")
+    return out
+
+
+def write_out(job: Prepared, state: Mapping[str, torch.Tensor], out: Path) -> None:
+    """``state`` written atomically: laid out as the first checkpoint's directory, or as a file."""
+    from wsym.io import hf, save_state_dict
+
+    if job.layout is not None:
+        hf.save_directory(state, job.layout, out)
+    else:
+        save_state_dict(state, out)
 
 
 def check_state_dict_out(path: str) -> Path:

@@ -85,6 +85,44 @@ def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = Fal
     return torch.cat(cols, dim=1)
 
 
+class ClassRows:
+    """The rows of :func:`unit_matrix` left unread: products are taken block by block.
+
+    ``a.product(b)`` is ``unit_matrix(a's state) @ unit_matrix(b's state).T``
+    without forming either matrix: one ``tensordot`` per parameter block over
+    every axis but the class's, so that only one block's temporary is held at a
+    time instead of a copy of every tensor the class touches.
+
+    Shapes:
+        ``product`` returns ``(n, n)``.
+
+    Example:
+        >>> import torch, wsym
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        >>> spec = wsym.detect(mlp, torch.randn(2, 3))
+        >>> a, b = mlp.state_dict(), {k: v + 1 for k, v in mlp.state_dict().items()}
+        >>> cls = spec.groups[0].cls
+        >>> full = unit_matrix(spec, a, cls) @ unit_matrix(spec, b, cls).T
+        >>> torch.allclose(ClassRows(spec, a, cls).product(ClassRows(spec, b, cls)), full)
+        True
+    """
+
+    def __init__(self, spec: SymmetrySpec, sd: dict, cls: int):
+        self.spec, self.sd, self.cls = spec, sd, cls
+
+    def product(self, other: ClassRows) -> torch.Tensor:
+        """``(n, n)``: the sum over blocks of this state's rows times ``other``'s, transposed."""
+        total = None
+        mine = _class_blocks(self.spec, self.sd, self.cls)
+        theirs = _class_blocks(other.spec, other.sd, other.cls)
+        for (a, lv), (b, _) in zip(mine, theirs, strict=True):
+            ax = next(i for i, leaf in enumerate(lv) if leaf.cls == self.cls)
+            rest = [i for i in range(a.dim()) if i != ax]
+            part = torch.tensordot(a, b, dims=(rest, rest)) if rest else torch.outer(a, b)
+            total = part if total is None else total.add_(part)
+        return total
+
+
 def block_matrices(spec: SymmetrySpec, sd: dict, group: Group) -> dict[int, torch.Tensor]:
     """GL/orthogonal group: ``{parity: (*index, rows, h)}`` over all its parameter blocks.
 
