@@ -1,5 +1,6 @@
 """Tests of ``wsym sharpness`` (real detector, a small MLP on mnist1d)."""
 
+import itertools
 import json
 import math
 
@@ -8,7 +9,8 @@ import torch
 
 import wsym
 from wsym.cli import main as cli
-from wsym.io import save_state_dict
+from wsym.io import load_state_dict, save_state_dict
+from wsym.io.datasets import load as load_data
 from wsym.models.registry import build_model
 
 DATA = ["--data", "mnist1d", "--batch-size", "64", "--batches", "2", "--steps", "3"]
@@ -60,14 +62,22 @@ def test_help_has_an_example(capsys):
 
 
 @pytest.mark.parametrize("measure", ["adaptive", "euclidean"])
-def test_prints_a_finite_value(capsys, files, measure):
+def test_prints_the_value_of_the_python_call(capsys, files, measure):
+    """The printed number is ``wsym.sharpness`` on the checkpoint and the first batches."""
     code, out, err = run(
         capsys, "sharpness", *MLP, "--checkpoint", files["a"], "--measure", measure
     )
     assert code == 0, err
     name, number = out.split()
     assert name == measure
-    assert math.isfinite(float(number))
+    model = build_model("wsym:mlp", {"d_in": 40}).double()
+    model.load_state_dict(load_state_dict(files["a"]))
+    batches = list(itertools.islice(load_data("mnist1d").batches("train", 64), 2))
+    expected = wsym.sharpness(
+        model, batches, torch.nn.functional.cross_entropy, measure=measure, seed=0, steps=3
+    )
+    assert expected > 0
+    assert float(number) == pytest.approx(expected, rel=1e-7)
 
 
 def test_json_report(capsys, files):

@@ -7,9 +7,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import wsym
 from wsym.cli import main as cli
 from wsym.errors import WsymInputError
 from wsym.io import datasets as data
+from wsym.models.registry import build_model
 
 
 def _tensors(n=12, d=40, seed=0):
@@ -86,7 +88,13 @@ def test_cli_sharpness_on_a_users_file(tmp_path, capsys):
     code = cli.main([*argv, "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert json.loads(out)["value"] >= 0
+    torch.manual_seed(0)  # the CLI's --seed builds the same fresh weights
+    model = build_model("wsym:mlp", {"d_in": 40}).double()
+    expected = wsym.sharpness(
+        model, [(x[:32], y[:32])], torch.nn.functional.cross_entropy, measure="adaptive", steps=2
+    )
+    assert expected > 0  # the user's file was read: its first batch gives this value
+    assert json.loads(out)["value"] == pytest.approx(expected, rel=1e-7)
     code = cli.main([*argv[:5], "--data", str(tmp_path / "absent.npz"), *argv[7:]])
     _, err = capsys.readouterr()
     assert code == 2 and "absent.npz not found" in err

@@ -117,7 +117,12 @@ def test_fused_attention_kernel_is_exported_instead():
     mha = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0).eval()
     with pytest.raises(RuntimeError, match="fused inference kernel"):
         record(mha, (torch.randn(2, 3, 8),), {})
-    assert record_trace(mha, torch.randn(2, 3, 8)).program is not None
+    x = torch.randn(2, 3, 8)
+    traced = record_trace(mha, x)
+    assert traced.program is not None  # exported, not recorded
+    with torch.no_grad():
+        assert torch.allclose(traced.program.module()(x), mha(x), atol=1e-6)
+    assert set(traced.parameters.values()) == {name for name, _ in mha.named_parameters()}
 
 
 class SplitAfterInPlace(nn.Module):

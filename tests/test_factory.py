@@ -81,10 +81,21 @@ def test_torchvision_model_random_and_eval():
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
 
 
-def test_torchvision_never_downloads_a_backbone():
-    # The builder's default weights_backbone is an ImageNet download; must be overridden.
+def test_torchvision_never_downloads_a_backbone(monkeypatch):
+    """The builder's default weights_backbone is an ImageNet download; it is overridden."""
+    import socket
+
+    import torchvision.models._api as weights_api
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a weight download was attempted")
+
+    monkeypatch.setattr(weights_api.WeightsEnum, "get_state_dict", refuse)
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
     model = build_model("torchvision:lraspp_mobilenet_v3_large", {"num_classes": 3})
-    assert isinstance(model, nn.Module)
+    out = model(torch.randn(1, 3, 64, 64))["out"]
+    assert out.shape == (1, 3, 64, 64)
 
 
 @pytest.mark.parametrize(

@@ -247,9 +247,41 @@ def test_curvature_measures(detected):
     batches = [(x[:16], y[:16]), (x[16:], y[16:])]
     trace = sharpness(model, batches, _ce, spec=spec, measure="hessian-trace", probes="exact")
     top = sharpness(model, batches, _ce, spec=spec, measure="lambda-max")
-    fisher = sharpness(model, batches, _ce, spec=spec, measure="fisher", probes=20)
+    fisher = sharpness(
+        model, batches, _ce, spec=spec, measure="fisher", probes="exact", fisher_samples="exact"
+    )
     assert trace > 0 and top > 0 and trace >= top - 1e-8
-    assert torch.isfinite(torch.tensor(fisher))
+    assert fisher == pytest.approx(_relative_fisher_reference(model, x, y, spec), rel=1e-6)
+
+
+def _relative_fisher_reference(model, x, y, spec, damping=1e-3):
+    """sum_i t_i^2 H_ii / (t_i^2 F_ii + damping) at the canonical point, from dense float64."""
+    from torch.func import functional_call
+
+    from wsym.sharpness.curvature.fisher_riemannian import canonical_point
+
+    model = copy.deepcopy(model).double().eval()
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    model, params = canonical_point(model, params, spec)
+    names, shapes = list(params), [p.shape for p in params.values()]
+    flat = torch.cat([p.reshape(-1) for p in params.values()])
+    x = x.double()
+
+    def unflatten(v):
+        parts = v.split([s.numel() for s in shapes])
+        return {n: t.reshape(s) for n, t, s in zip(names, parts, shapes, strict=True)}
+
+    def log_probs(v, inputs):
+        return functional_call(model, unflatten(v), (inputs,)).log_softmax(-1)
+
+    hess = torch.autograd.functional.hessian(lambda v: _ce(log_probs(v, x), y), flat).diagonal()
+    fisher = torch.zeros_like(flat)
+    for row in x.split(1):  # exact expectation over the model's own labels
+        jac = torch.autograd.functional.jacobian(lambda v, row=row: log_probs(v, row)[0], flat)
+        probs = log_probs(flat, row)[0].exp()
+        fisher += (probs[:, None] * jac**2).sum(0) / len(x)
+    sq = flat**2
+    return float((sq * hess / (sq * fisher + damping)).sum())
 
 
 @pytest.mark.parametrize("name", ["mlp-relu", "residual-cnn"])
