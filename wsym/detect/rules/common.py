@@ -28,6 +28,15 @@ def is_tensor(x) -> bool:
     return isinstance(x, torch.fx.Node) and hasattr(x.meta.get("val"), "shape")
 
 
+def is_square(node) -> bool:
+    """``x ** 2`` or ``x * x``."""
+    name = getattr(getattr(node, "target", None), "_schema", None)
+    name = name.name if name is not None else ""
+    if name == "aten::pow" and not is_tensor(node.args[1]) and node.args[1] == 2:
+        return True
+    return name == "aten::mul" and len(node.args) > 1 and node.args[0] is node.args[1]
+
+
 def norm_dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
 

@@ -10,22 +10,20 @@ from __future__ import annotations
 
 from wsym.detect.context import Context
 from wsym.detect.rules.activation import generic
-from wsym.detect.rules.common import NONLINEAR, arg, broadcast, constant_along, is_tensor, shape
-
-
-def is_square(node) -> bool:
-    """``x ** 2`` or ``x * x``."""
-    name = getattr(getattr(node, "target", None), "_schema", None)
-    name = name.name if name is not None else ""
-    if name == "aten::pow" and not is_tensor(node.args[1]) and node.args[1] == 2:
-        return True
-    return name == "aten::mul" and len(node.args) > 1 and node.args[0] is node.args[1]
+from wsym.detect.rules.common import (
+    NONLINEAR,
+    arg,
+    broadcast,
+    constant_along,
+    is_square,
+    is_tensor,
+    shape,
+)
+from wsym.detect.rules.reduce import REDUCTIONS
 
 
 def square(ctx: Context, node) -> None:
     """X ** 2: orthogonal maps survive if every reader sums it over the transformed axes."""
-    from wsym.detect.rules.reduce import REDUCTIONS
-
     if not all(
         u.target._schema.name in REDUCTIONS for u in node.users if hasattr(u.target, "_schema")
     ):
@@ -124,4 +122,4 @@ RULES.update(
     }
 )
 
-__all__ = ["NONLINEAR", "RULES", "is_square"]
+__all__ = ["RULES"]

@@ -12,8 +12,7 @@ from __future__ import annotations
 import string
 
 from wsym.detect.context import Context
-from wsym.detect.rules.common import arg, is_tensor, norm_dim, shape
-from wsym.detect.rules.elementwise import NONLINEAR
+from wsym.detect.rules.common import NONLINEAR, arg, is_tensor, norm_dim, shape
 
 
 def _affine_leading(ctx: Context, dims) -> None:

@@ -11,8 +11,7 @@ permutations act on their normalized axes (RMSNorm without weight: orthogonal ma
 from __future__ import annotations
 
 from wsym.detect.context import Context
-from wsym.detect.rules.common import arg, is_tensor, shape
-from wsym.detect.rules.elementwise import NONLINEAR
+from wsym.detect.rules.common import NONLINEAR, arg, is_tensor, shape
 from wsym.detect.rules.linear import _affine_leading
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 from wsym.detect.context import Context
-from wsym.detect.rules.common import arg, norm_dim, shape
-from wsym.detect.rules.elementwise import NONLINEAR, is_square
+from wsym.detect.rules.common import NONLINEAR, arg, is_square, norm_dim, shape
 
 
 def _reduce(linear: bool, invariant: str = ""):

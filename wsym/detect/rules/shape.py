@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from wsym.detect.atoms import SplitConflict
 from wsym.detect.context import Context, Dep
-from wsym.detect.rules.common import FILLS, _schema_name, arg, is_tensor, is_zero, norm_dim, shape
-from wsym.detect.rules.elementwise import NONLINEAR
+from wsym.detect.rules.common import (
+    FILLS,
+    NONLINEAR,
+    _schema_name,
+    arg,
+    is_tensor,
+    is_zero,
+    norm_dim,
+    shape,
+)
 
 
 def identity(ctx: Context, node) -> None:
