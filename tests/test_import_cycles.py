@@ -29,7 +29,6 @@ CIRCLES = {
     frozenset({"wsym.io.datafile", "wsym.io.datasets"}),
     frozenset({"wsym.zoo.batched", "wsym.zoo.finetune"}),
     frozenset({"wsym.metanet.park", "wsym.metanet.predictor"}),
-    frozenset({"wsym.cli.metanet", "wsym.cli.metanet_park"}),
 }
 
 

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("torch_geometric")
 
 import wsym.metanet
+from wsym.cli import common as cli_common
 from wsym.cli import main as cli
-from wsym.cli import metanet as cli_metanet
 from wsym.io.resources import MODELS
 from wsym.metanet.park import ParkPredictor
 from wsym.zoo import load
@@ -51,7 +51,7 @@ def test_train_on_a_park_fits_one_network_for_its_architectures(park, tmp_path, 
 def test_eval_on_a_park_ablates_the_branches_and_says_where_the_time_went(
     park, monkeypatch, capsys
 ):
-    monkeypatch.setattr(cli_metanet, "ANNOUNCE_SECONDS", 0.0)  # announce even this short run
+    monkeypatch.setattr(cli_common, "ANNOUNCE_SECONDS", 0.0)  # announce even this short run
     args = ["metanet", "eval", "--zoo", park, *SMALL, "--seeds", "2", "--json"]
     assert cli.main([*args, "--predictors", "park,statnn"]) == 0
     out, err = capsys.readouterr()

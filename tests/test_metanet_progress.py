@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch_geometric")
 
 import wsym.zoo
+from wsym.cli import common as cli_common
 from wsym.cli import main as cli
-from wsym.cli import metanet as cli_metanet
 
 # short schedules of several lengths on small subsets: a spread of gaps in seconds
 SHORT = {"hyperparameters": {"epochs": {"int_uniform": [1, 4]}, "train_fraction": 0.1}}
@@ -26,7 +26,7 @@ def zoo_dir(tmp_path_factory):
 
 
 def test_eval_announces_its_estimate_and_its_json_stays_parseable(zoo_dir, monkeypatch, capsys):
-    monkeypatch.setattr(cli_metanet, "ANNOUNCE_SECONDS", 0.0)  # announce even this short run
+    monkeypatch.setattr(cli_common, "ANNOUNCE_SECONDS", 0.0)  # announce even this short run
     args = ["metanet", "eval", "--zoo", zoo_dir, "--seeds", "2", "--epochs", "2", "--json"]
     assert cli.main([*args, "--predictors", "metanet,statnn"]) == 0
     out, err = capsys.readouterr()
@@ -47,7 +47,7 @@ def test_a_short_run_says_nothing_beforehand_and_train_reports_its_stages(
 ):
     # what counts as short is the threshold's business (test_announce_speaks_from_a_minute_on);
     # here the estimate stays below it whatever the load on the machine
-    monkeypatch.setattr(cli_metanet, "ANNOUNCE_SECONDS", math.inf)
+    monkeypatch.setattr(cli_common, "ANNOUNCE_SECONDS", math.inf)
     out = tmp_path / "m.safetensors"
     args = ["metanet", "train", "--zoo", zoo_dir, "--out", str(out), "--epochs", "3"]
     assert cli.main([*args, "--patience", "3"]) == 0
@@ -59,9 +59,9 @@ def test_a_short_run_says_nothing_beforehand_and_train_reports_its_stages(
 
 def test_announce_speaks_from_a_minute_on():
     stream = io.StringIO()
-    cli_metanet.announce({"graph building": 30.0, "metanet": 29.0}, stream)
+    cli_common.announce({"graph building": 30.0, "metanet": 29.0}, stream)
     assert stream.getvalue() == ""
-    cli_metanet.announce({"graph building": 30.0, "metanet": 150.0, "baselines": math.nan}, stream)
+    cli_common.announce({"graph building": 30.0, "metanet": 150.0, "baselines": math.nan}, stream)
     said = stream.getvalue()
     assert "up to ~3 min" in said and "metanet ~2.5 min" in said
     assert "baselines not estimated" in said

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from wsym.cli.common import EXIT_OK, add_command
+from wsym.cli.common import EXIT_OK, add_command, announce
 from wsym.errors import WsymInputError
 from wsym.io.resources import MODELS
 
@@ -39,8 +39,6 @@ DEFAULT_METANETS = (
 #: Default predictors of ``metanet eval`` (as :data:`wsym.metanet.evaluate.PREDICTORS`;
 #: spelled out here so that the parser does not import torch-geometric).
 PREDICTORS = "metanet,statnn,statnn-canonical,flat-mlp,nfn"
-#: Runs estimated to take at least this long say so (and how long) before they start.
-ANNOUNCE_SECONDS = 60.0
 _CALIBRATION_MEMBERS = 8
 
 _TRAIN_EXAMPLE = """\
@@ -251,22 +249,6 @@ def estimate_seconds(
     if any(p != "metanet" for p in predictors):
         estimate["baselines"] = float("nan")
     return estimate
-
-
-def announce(estimate: dict[str, float], stream: Any = None) -> None:
-    """Say on stderr (or ``stream``) how long the run will take, if a minute or more."""
-    total = sum(v for v in estimate.values() if v == v)
-    if total < ANNOUNCE_SECONDS:
-        return
-    parts = ", ".join(
-        f"{k} ~{v / 60:.1f} min" if v == v else f"{k} not estimated" for k, v in estimate.items()
-    )
-    print(
-        f"this run is estimated to take up to ~{total / 60:.0f} min ({parts}); "
-        "early stopping usually cuts the metanet's share",
-        file=stream or sys.stderr,
-        flush=True,
-    )
 
 
 def model_card(p: Any, zoo: str, ids: dict, tau: float | None) -> str:

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from wsym.cli.common import EXIT_OK
+from wsym.cli.common import EXIT_OK, announce
 from wsym.errors import WsymInputError
 
 #: ``metanet eval``'s predictors on a park zoo unless ``--predictors`` says otherwise.
@@ -71,7 +71,6 @@ def estimate_park_seconds(zoo: Any, ids: dict, options: dict, graph_fits: int) -
 
 def train_park(args: argparse.Namespace, zoo: Any, out: Any, options: dict) -> int:
     """``wsym metanet train`` on a park zoo."""
-    from wsym.cli.metanet import announce
     from wsym.io.progress import Progress
     from wsym.metanet.park_evaluate import caps_for
     from wsym.metanet.park_fit import fit_zoo, park_card, zoo_ids
@@ -103,7 +102,6 @@ def train_park(args: argparse.Namespace, zoo: Any, out: Any, options: dict) -> i
 
 def eval_park(args: argparse.Namespace, zoo: Any, options: dict) -> int:
     """``wsym metanet eval`` on a park zoo."""
-    from wsym.cli.metanet import announce
     from wsym.metanet.park_evaluate import (
         TARGETS,
         caps_for,
