@@ -99,6 +99,18 @@ def measure_sharpness(
 
     Returns:
         A :class:`ZooSharpness`.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from wsym.zoo import build
+        >>> tiny = {"hyperparameters": {"epochs": 30}, "shard_size": 2}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     zoo = build("diagonal", 4, Path(tmp) / "zoo", progress=False, overrides=tiny)
+        ...     run = measure_sharpness(zoo.path, Path(tmp) / "run", ["adaptive"], batch=40,
+        ...                             steps=3, boot=20, progress=False)
+        >>> [r["id"] for r in run.rows], -1 <= run.tau["adaptive"].tau <= 1
+        ([0, 1, 2, 3], True)
     """
     check_backend(backend, workers)
     loaded = load(zoo)
