@@ -75,3 +75,24 @@ def test_a_dead_worker_is_retried(tmp_path, local_ray):
         for a, b in zip(results, expected[ids], strict=True):
             assert a.id == b.id and repr(a.metrics) == repr(b.metrics)  # nan-aware
             assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+
+
+def test_ray_measured_zoo_equals_local(tmp_path, local_ray):
+    """Sharpness and tau over a zoo, one Ray task per member, equal the local run's."""
+    from wsym.zoo.measure import measure_sharpness
+
+    zoo = wsym.zoo.build(
+        "diagonal", members=5, out=tmp_path / "zoo", progress=False, overrides=TINY
+    )
+    options = {"measures": ("adaptive", "euclidean"), "batch": 40, "steps": 3, "boot": 50}
+    local = measure_sharpness(zoo.path, tmp_path / "local", progress=False, **options)
+    remote = measure_sharpness(
+        zoo.path, tmp_path / "ray", backend="ray", workers=2, progress=False, **options
+    )
+    assert [r["id"] for r in remote.rows] == zoo.ids
+    for a, b in zip(local.rows, remote.rows, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-12, abs=0)
+    assert local.tau == remote.tau
+    assert all(t is not None for t in local.tau.values())

@@ -1,4 +1,4 @@
-"""``wsym zoo build`` and ``wsym zoo info``: build (or resume) a model zoo, describe one."""
+"""``wsym zoo build``, ``info``, ``sharpness``: build (or resume) a zoo, describe it, measure it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ examples:
   wsym zoo info zoos/mlp --plot gaps.png
   wsym zoo info zoos/mlp --json
   wsym zoo info data/zoos/mnist1d-park --by family
+  wsym zoo sharpness zoos/mlp --out runs/mlp-sharpness --measures adaptive geodesic-mix \
+      --rho 0.05 --backend ray --address HEAD:6379
 
 presets: mnist1d-mlp, mnist1d-mlp-widths, mnist1d-cnn, digits-cnn, seq-transformer,
 diagonal, mnist1d-park, or a path to a preset .json file. Running build again on the
@@ -55,6 +57,35 @@ def add_command_to(commands: Any) -> None:
         "--by", metavar="KEY", help="also summarize per value of column KEY (e.g. family, split)"
     )
     info.set_defaults(handler=run_info)
+    add_sharpness(actions)
+
+
+def add_sharpness(actions: Any) -> None:
+    """Add ``zoo sharpness``: every member's sharpness and each measure's tau with the gap."""
+    run = add_command(
+        actions, "sharpness", "measure every member's sharpness; Kendall tau with the gap", _EXAMPLE
+    )
+    run.add_argument("dir", metavar="DIR", help="zoo directory")
+    run.add_argument("--out", required=True, metavar="DIR", help="results directory (resumed)")
+    run.add_argument(
+        "--measures",
+        nargs="+",
+        default=["adaptive", "geodesic-mix"],
+        metavar="M",
+        help="sharpness measures (default: adaptive geodesic-mix)",
+    )
+    run.add_argument("--rho", type=float, default=0.05, help="radius of every measure (0.05)")
+    run.add_argument("--batch", type=int, default=256, help="first N training examples (256)")
+    run.add_argument("--steps", type=int, default=10, help="ascent steps (default 10)")
+    run.add_argument("--boot", type=int, default=1000, help="bootstrap resamples (1000)")
+    run.add_argument("--backend", choices=("local", "ray"), default="local")
+    run.add_argument(
+        "--workers", type=int, default=1, metavar="K", help="worker processes (default 1)"
+    )
+    run.add_argument("--address", metavar="ADDR", help="Ray cluster address (--backend ray)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--json", action="store_true", help="print the taus as JSON")
+    run.set_defaults(handler=run_sharpness)
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -75,6 +106,35 @@ def run_build(args: argparse.Namespace) -> int:
     )
     numbers = summary(zoo)
     print(json.dumps(numbers) if args.json else format_summary(numbers))
+    return EXIT_OK
+
+
+def run_sharpness(args: argparse.Namespace) -> int:
+    """``wsym zoo sharpness``: measure (or resume), then print each measure's tau."""
+    from wsym.zoo.measure import measure_sharpness
+
+    if args.address and args.backend != "ray":
+        raise WsymInputError("--address needs --backend ray")
+    result = measure_sharpness(
+        args.dir,
+        args.out,
+        measures=args.measures,
+        rho=args.rho,
+        batch=args.batch,
+        steps=args.steps,
+        boot=args.boot,
+        backend=args.backend,
+        workers=args.workers,
+        address=args.address,
+        progress=not args.quiet,
+    )
+    taus = {m: None if t is None else vars(t) for m, t in result.tau.items()}
+    if args.json:
+        print(json.dumps({"members": len(result.rows), "tau": taus}))
+    else:
+        print(f"{len(result.rows)} members; Kendall tau with the gap, results in {args.out}")
+        for m, t in result.tau.items():
+            print(f"{m:>14}: {'n/a (fewer than 3 members)' if t is None else t}")
     return EXIT_OK
 
 
