@@ -50,7 +50,7 @@ def main():
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     if args.diagonal:
-        measures._base_point = lambda spec, state, average: gauge.balanced(spec, state)
+        measures._base_point = lambda spec, state, average, dtype: gauge.balanced(spec, state)
     zoo = load("data/zoos/vit-finetune")
     batches = correlation.training_subset(zoo, 64)
     ce = torch.nn.functional.cross_entropy

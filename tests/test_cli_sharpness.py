@@ -160,3 +160,27 @@ def test_checkpoint_of_another_model_exits_2(capsys, tmp_path):
     code, _, err = run(capsys, "sharpness", *MLP, "--checkpoint", other, "--measure", "adaptive")
     assert code == 2
     assert_one_error_line(err)
+
+
+def test_float32_micro_batched_matches_the_default(capsys, files):
+    ref = value(capsys, files["a"], "adaptive")
+    code, out, err = run(
+        capsys,
+        *["sharpness", *MLP, "--checkpoint", files["a"], "--measure", "adaptive", "--json"],
+        *["--dtype", "float32", "--micro-batch", "16"],
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["dtype"] == "float32" and report["micro_batch"] == 16
+    assert abs(report["value"] - ref) <= 1e-4 * abs(ref)
+
+
+def test_micro_batch_not_positive_exits_2(capsys, files):
+    code, out, err = run(
+        capsys,
+        *["sharpness", *MLP, "--checkpoint", files["a"], "--measure", "adaptive"],
+        "--micro-batch=0",
+    )
+    assert code == 2 and out == ""
+    assert_one_error_line(err)
+    assert "--micro-batch" in err

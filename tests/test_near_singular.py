@@ -60,7 +60,7 @@ def test_nearly_singular_block_is_invariant(measure):
 
 def test_the_diagonal_balanced_point_alone_is_not_invariant(monkeypatch):
     """Negative control: at the diagonal balanced point the shift breaks GL-equivariance."""
-    diagonal = lambda spec, state, average: gauge.balanced(spec, state)  # noqa: E731
+    diagonal = lambda spec, state, average, dtype: gauge.balanced(spec, state)  # noqa: E731
     monkeypatch.setattr(measures, "_base_point", diagonal)
     before, after = _pair(*_planted(1e-9), "geodesic-mix")
     assert abs(after - before) > 1e-2 * abs(before)  # measured: +59%

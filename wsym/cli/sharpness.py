@@ -65,6 +65,18 @@ def add_command_to(commands: Any) -> None:
         default=10,
         help="ascent steps, or antithetic pairs of random directions with --average (default 10)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float64", "float32"),
+        default="float64",
+        help="working precision (default float64; float32 for large models)",
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        metavar="N",
+        help="evaluate each batch in micro-batches of N samples (bounds activation memory)",
+    )
     parser.set_defaults(handler=run_sharpness)
 
 
@@ -80,9 +92,12 @@ def run_sharpness(args: argparse.Namespace) -> int:
         raise WsymInputError(f"--batches must be positive, got {args.batches}")
     if args.steps < 1:
         raise WsymInputError(f"--steps must be positive, got {args.steps}")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise WsymInputError(f"--micro-batch must be positive, got {args.micro_batch}")
     checkpoints = [args.checkpoint] if args.checkpoint else []
     job = prepare(args, checkpoints, loss=True, detect=args.measure in GEODESIC)
-    model = job.model.double()  # evaluated in float64: load a float64 checkpoint exactly
+    # evaluated at --dtype (float64 by default: a float64 checkpoint loads exactly)
+    model = job.model.to(getattr(torch, args.dtype))
     if job.states:
         model.load_state_dict(job.states[0])
     data = list(itertools.islice(job.data.batches(args.split, args.batch_size), args.batches))
@@ -97,6 +112,8 @@ def run_sharpness(args: argparse.Namespace) -> int:
         seed=args.seed,
         steps=args.steps,
         with_error=True,
+        dtype=args.dtype,
+        micro_batch=args.micro_batch,
     )
     value = estimate.value
     if args.json:
@@ -115,6 +132,8 @@ def run_sharpness(args: argparse.Namespace) -> int:
             "batch_size": args.batch_size,
             "steps": args.steps,
             "seed": args.seed,
+            "dtype": args.dtype,
+            "micro_batch": args.micro_batch,
         }
         print(json.dumps(report, indent=2))
     else:

@@ -167,6 +167,12 @@ def _block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, .
         for i, g in enumerate(spec.groups)
         if kind_of(g).continuous and not kind_of(g).additive and g.cls >= 0
     }
+    # per entry, how many continuous groups touch it: a candidate overlaps another group
+    # where the count exceeds its own touch (one pass, not one per pair of groups)
+    count: dict[str, Tensor] = {}
+    for t in touched.values():
+        for p, m in t.items():
+            count[p] = count[p] + m if p in count else m.to(torch.int32)
     for i, group in enumerate(spec.groups):
         if not is_gl1(group) or not _group_params(spec, group, params):
             continue
@@ -176,7 +182,12 @@ def _block_groups(spec: SymmetrySpec, params: dict[str, Tensor]) -> tuple[int, .
         own = touched[i]
         if any(not torch.equal(own[p], mask.get(p, torch.zeros_like(own[p]))) for p in own):
             continue  # an entry it rescales lies outside its block
-        if _overlaps(taken, mask) or any(_overlaps(t, mask) for j, t in touched.items() if j != i):
+        others = {
+            p: count[p] - (own[p].to(torch.int32) if p in own else 0) > 0
+            for p in mask
+            if p in count
+        }
+        if _overlaps(taken, mask) or _overlaps(others, mask):
             continue
         chosen.append(i)
     return tuple(chosen)

@@ -50,13 +50,19 @@ NEWTON_TOL = 1e-13
 MAX_NEWTON = 100
 
 
-def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[str, Tensor]:
-    """``s*(theta) . theta`` (float64), translations canonical; buffers move with it.
+def balanced(
+    spec: SymmetrySpec, state: dict[str, Tensor], names=None, dtype: torch.dtype = torch.float64
+) -> dict[str, Tensor]:
+    """``s*(theta) . theta`` (at ``dtype``), translations canonical; buffers move with it.
+
+    Memory: one copy of ``state`` at ``dtype`` (none where it is at it already); the
+    objective is evaluated in float64 a chunk of blocks at a time.
 
     Args:
         spec: the symmetry spec.
         state: a state dict (parameters and buffers).
         names: the parameters that are perturbed (default: the spec's non-buffer entries).
+        dtype: the precision of the returned state (the Newton solve is float64).
 
     Example:
         >>> import torch, wsym
@@ -70,21 +76,22 @@ def balanced(spec: SymmetrySpec, state: dict[str, Tensor], names=None) -> dict[s
         >>> bool(torch.allclose(a[key].abs().sort()[0], b[key].abs().sort()[0]))
         True
     """
-    state, k = balancing_element(spec, state, names)
+    state, k = balancing_element(spec, state, names, dtype)
     return act(spec, k, state) if k.components else state
 
 
 def balancing_element(
-    spec: SymmetrySpec, state: dict[str, Tensor], names=None
+    spec: SymmetrySpec, state: dict[str, Tensor], names=None, dtype: torch.dtype = torch.float64
 ) -> tuple[dict[str, Tensor], GroupElement]:
-    """``(state with canonical translations (float64), k)``: :func:`balanced` is ``k . state``.
+    """``(state with canonical translations (at dtype), k)``: :func:`balanced` is ``k . state``.
 
     ``k`` is the diagonal element ``s*`` of the module docstring (empty where no
-    diagonal group needs balancing, or where the balancing diverges, with a warning).
+    diagonal group needs balancing, or where the balancing diverges, with a warning),
+    its values at ``dtype``.
     """
-    state = {k: v.detach().double() if v.is_floating_point() else v for k, v in state.items()}
+    state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     if any(kind_of(g).additive for g in spec.groups):  # first: F reads the key bias
-        state, _ = canonical_element(state, spec, kinds={"translation"})
+        state, _ = canonical_element(state, spec, kinds={"translation"}, dtype=dtype)
     if names is None:
         buffers = set(spec.buffers)
         names = [k for k, _ in spec.layouts if k in state and k not in buffers]
@@ -96,7 +103,7 @@ def balancing_element(
     element, start = [], 0
     for i in groups:
         n = spec.groups[i].size
-        element.append((i, torch.exp(u[start : start + n])))
+        element.append((i, torch.exp(u[start : start + n]).to(dtype)))
         start += n
     return state, GroupElement(tuple(element))
 
@@ -160,11 +167,12 @@ class _Objective:
         rows, cols = E.indices()
         vals = E.values()
         inside = stack_pos[rows] >= 0
-        # entries outside the blocks: c_e exp(2 (E u)_e)
+        # entries outside the blocks: c_e exp(2 (E u)_e), entries with equal rows of E merged
         out_rows = rows[~inside]
         uniq, inv = out_rows.unique(return_inverse=True)
-        self.c = theta[uniq] ** 2
-        self.E_out = _sparse(inv, cols[~inside], vals[~inside], (len(uniq), self.n))
+        self.c, self.E_out = _merged(
+            theta[uniq].double() ** 2, inv, cols[~inside], vals[~inside], self.n
+        )
         # block rows: one per row of a stacked factor (E is constant along the block's axis)
         self.parts = []  # per stacked factor: (offset, numel, rows, h)
         offset, row0 = 0, 0
@@ -174,7 +182,6 @@ class _Objective:
                 offset += M.numel()
                 row0 += M.numel() // M.shape[-1]
         self.rows_total = row0
-        self._pattern = None  # the Hessian's block-row pairs, sorted at the first evaluation
         pos = stack_pos[rows[inside]]
         starts = torch.tensor([p[0] for p in self.parts])
         part = torch.searchsorted(starts, pos, right=True) - 1
@@ -192,71 +199,176 @@ class _Objective:
                 for _, k, r0, h in self.parts[2 * s : 2 * s + 2]
             )
         ]
+        self.pairs = {
+            s: _PairTerm.of(self.E_rows, self.q.stacks[s], self.parts[2 * s : 2 * s + 2])
+            for s in self.stacks
+            if not self.q.orthogonal[s] and all(M.shape[-2] for M in self.q.stacks[s])
+        }
+        self._cross = _CrossPattern(list(self.pairs.values()), self.n)
 
     def value_grad_hess(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``F(u)``, its gradient ``(n,)`` and Hessian ``(n, n)`` (sparse COO, coalesced)."""
+        """``F(u)``, its gradient ``(n,)`` and Hessian ``(n, n)`` (sparse COO, coalesced).
+
+        Float64 throughout (the blocks are promoted a chunk at a time), whatever the
+        parameters' dtype.
+        """
         z = torch.exp(2 * (self.E_out @ u)) * self.c
         F = z.sum()
         grad = 2 * (self.E_out.T @ z)
         hess = 4 * _gram(self.E_out, z)
         alpha = torch.exp(self.E_rows @ u)  # diagonal factor of every block row
         g_rows = torch.zeros(self.rows_total, dtype=torch.float64)
-        h_rows = torch.zeros(self.rows_total, dtype=torch.float64)
-        ii, jj, vv = [], [], []
+        cross = []
         for s in self.stacks:
-            G, H = self.q.stacks[s]
-            (_, _, rg, _), (_, _, rh, _) = self.parts[2 * s], self.parts[2 * s + 1]
-            ng, nh = G.shape[-2], H.shape[-2]
-            lead = G.shape[:-2]
-            Gs = G * alpha[rg : rg + G[..., 0].numel()].reshape(*lead, ng, 1)
-            Hs = H * alpha[rh : rh + H[..., 0].numel()].reshape(*lead, nh, 1)
-            if ng and nh and not self.q.orthogonal[s]:
-                P2 = (Gs @ Hs.mT) ** 2  # (*lead, ng, nh): ||D_G G H^T D_H||^2 entrywise
-                F = F + P2.sum()
-                dg, dh = 2 * P2.sum(-1), 2 * P2.sum(-2)  # d/d(log row factor)
-                g_rows[rg : rg + dg.numel()] += dg.reshape(-1)
-                g_rows[rh : rh + dh.numel()] += dh.reshape(-1)
-                h_rows[rg : rg + dg.numel()] += 2 * dg.reshape(-1)
-                h_rows[rh : rh + dh.numel()] += 2 * dh.reshape(-1)
-                idx_g = torch.arange(rg, rg + dg.numel()).reshape(dg.shape)
-                idx_h = torch.arange(rh, rh + dh.numel()).reshape(dh.shape)
-                ii.append(idx_g.unsqueeze(-1).expand(P2.shape).reshape(-1))
-                jj.append(idx_h.unsqueeze(-2).expand(P2.shape).reshape(-1))
-                vv.append(4 * P2.reshape(-1))
-            else:  # orthogonal (one-sided): ||D G||^2 + ||D H||^2
-                for M, r0 in ((Gs, rg), (Hs, rh)):
-                    sq = (M**2).sum(-1).reshape(-1)
-                    F = F + sq.sum()
-                    g_rows[r0 : r0 + sq.numel()] += 2 * sq
-                    h_rows[r0 : r0 + sq.numel()] += 4 * sq
+            if s in self.pairs:
+                F = F + self.pairs[s].add(alpha, g_rows, cross)
+                continue
+            # orthogonal (one-sided): ||D G||^2 + ||D H||^2
+            for M, (_, _, r0, _) in zip(
+                self.q.stacks[s], self.parts[2 * s : 2 * s + 2], strict=True
+            ):
+                scale = alpha[r0 : r0 + M[..., 0].numel()] ** 2
+                sq = (M.double() ** 2).sum(-1).reshape(-1) * scale
+                F = F + sq.sum()
+                g_rows[r0 : r0 + sq.numel()] += 2 * sq
         grad = grad + self.E_rows.T @ g_rows
-        hess = hess + _gram(self.E_rows, h_rows)
-        if ii:
-            C = self._cross_pairs(ii, jj, torch.cat(vv))
-            cross = torch.sparse.mm(self.E_rows.t(), torch.sparse.mm(C, self.E_rows))
-            hess = hess + cross + cross.t()
+        hess = hess + _gram(self.E_rows, 2 * g_rows)  # d/du of a row's term doubles it
+        if cross:
+            C = self._cross.matrix(cross)
+            hess = hess + C + C.t()
         return F, grad, hess.coalesce()
 
-    def _cross_pairs(self, ii: list[Tensor], jj: list[Tensor], vals: Tensor) -> Tensor:
-        """The sparse ``(rows, rows)`` matrix of the block rows' pair terms, values ``vals``.
 
-        Its pattern does not depend on ``u``: it is sorted once (the first call), and every
-        later call only permutes the values (a coalesce per Newton evaluation sorted a
-        million entries each time).
-        """
-        shape = (self.rows_total, self.rows_total)
-        if self._pattern is None:
-            rows, cols = torch.cat(ii), torch.cat(jj)
-            order = torch.argsort(rows * self.rows_total + cols)
-            index = torch.stack([rows[order], cols[order]])
-            unique = bool(((index[:, 1:] != index[:, :-1]).any(0)).all())
-            self._pattern = (index, order) if unique else False
-        if self._pattern is False:  # repeated pairs: let coalesce sum them
-            return _sparse(torch.cat(ii), torch.cat(jj), vals, shape)
-        index, order = self._pattern
-        return torch.sparse_coo_tensor(
-            index, vals[order], shape, is_coalesced=True, check_invariants=False
+class _PairTerm:
+    """One stack's ``sum_b ||D_G G_b H_b^T D_H||_F^2``, its row gradient and unit cross terms.
+
+    The Hessian's cross term between the units on the rows of ``G_b`` and those on the
+    rows of ``H_b`` is ``E_G^T (4 P2_b) E_H`` with ``P2 = (D_G G H^T D_H)^2`` entrywise.
+    Blocks whose rows carry the same units (the heads of one attention layer) are summed
+    before that product, and the product is dense on the few units a block's rows carry:
+    no per-entry index of the ``rows x rows`` pair matrices is ever formed (for ViT-B/16
+    that index alone was 4 GB).
+    """
+
+    CHUNK = 1 << 22  # entries of P2 formed at once
+
+    def __init__(self, G, H, rows, groups):
+        self.G, self.H, self.rows, self.groups = G, H, rows, groups
+
+    @classmethod
+    def of(cls, E_rows: Tensor, stack, parts) -> _PairTerm:
+        G, H = (M.reshape(-1, *M.shape[-2:]) for M in stack)
+        (_, _, rg, _), (_, _, rh, _) = parts
+        B, ng, nh = G.shape[0], G.shape[-2], H.shape[-2]
+        r, c = E_rows.indices()
+        v = E_rows.values()
+        sides = []
+        for r0, n in ((rg, ng), (rh, nh)):
+            hit = (r >= r0) & (r < r0 + B * n)
+            local = r[hit] - r0
+            sides.append((local // n, local % n, c[hit], v[hit], n))
+        signature: dict = {}
+        for b in range(B):
+            key = []
+            for blk, row, unit, val, _ in sides:
+                at = blk == b
+                key.append(
+                    (
+                        row[at].numpy().tobytes(),
+                        unit[at].numpy().tobytes(),
+                        val[at].numpy().tobytes(),
+                    )
+                )
+            signature.setdefault(tuple(key), []).append(b)
+        groups = []
+        for members in signature.values():
+            factors = []
+            for blk, row, unit, val, n in sides:
+                at = blk == members[0]
+                units, local = unit[at].unique(return_inverse=True)
+                Emat = torch.zeros(n, len(units), dtype=torch.float64)
+                Emat[row[at], local] = val[at]
+                factors.append((units, Emat))
+            if all(len(f[0]) for f in factors):
+                groups.append((torch.tensor(members), *factors))
+        rows = (
+            torch.arange(rg, rg + B * ng).view(B, ng),
+            torch.arange(rh, rh + B * nh).view(B, nh),
         )
+        return cls(G, H, rows, groups)
+
+    def add(self, alpha: Tensor, g_rows: Tensor, cross: list) -> Tensor:
+        """Add the row gradients to ``g_rows``, the cross blocks to ``cross``; return F."""
+        F = alpha.new_zeros(())
+        ng, nh = self.G.shape[-2], self.H.shape[-2]
+        step = max(1, self.CHUNK // max(1, ng * nh))
+        seen = torch.zeros(self.G.shape[0], dtype=torch.bool)
+        for members, (_, Eg), (_, Eh) in self.groups:
+            D = alpha.new_zeros(ng, nh)
+            for lo in range(0, len(members), step):
+                F = F + self._chunk(members[lo : lo + step], alpha, g_rows, D)
+            seen[members] = True
+            cross.append(Eg.T @ (4 * D) @ Eh)
+        rest = (~seen).nonzero().squeeze(1)  # blocks without units on one side: no cross term
+        for lo in range(0, len(rest), step):
+            F = F + self._chunk(rest[lo : lo + step], alpha, g_rows, None)
+        return F
+
+    def _chunk(self, idx: Tensor, alpha, g_rows, D) -> Tensor:
+        rg, rh = self.rows[0][idx], self.rows[1][idx]
+        Gs = self.G[idx].double() * alpha[rg].unsqueeze(-1)
+        Hs = self.H[idx].double() * alpha[rh].unsqueeze(-1)
+        P2 = (Gs @ Hs.mT) ** 2  # (blocks, ng, nh): ||D_G G H^T D_H||^2 entrywise
+        g_rows.index_add_(0, rg.reshape(-1), 2 * P2.sum(-1).reshape(-1))
+        g_rows.index_add_(0, rh.reshape(-1), 2 * P2.sum(-2).reshape(-1))
+        if D is not None:
+            D += P2.sum(0)
+        return P2.sum()
+
+
+class _CrossPattern:
+    """The sparse ``(n, n)`` matrix of the pair terms' dense unit blocks (pattern sorted once)."""
+
+    def __init__(self, terms: list[_PairTerm], n: int):
+        rows, cols = [], []
+        for term in terms:
+            for _, (ug, _), (uh, _) in term.groups:
+                rows.append(ug[:, None].expand(len(ug), len(uh)).reshape(-1))
+                cols.append(uh[None, :].expand(len(ug), len(uh)).reshape(-1))
+        self.n = n
+        if rows:
+            key, self.inverse = torch.unique(
+                torch.cat(rows) * n + torch.cat(cols), return_inverse=True
+            )
+            self.index = torch.stack([key // n, key % n])
+
+    def matrix(self, blocks: list[Tensor]) -> Tensor:
+        """The blocks (in the terms' group order) summed into one coalesced sparse matrix."""
+        flat = torch.cat([b.reshape(-1) for b in blocks])
+        vals = flat.new_zeros(self.index.shape[1]).index_add_(0, self.inverse, flat)
+        return torch.sparse_coo_tensor(
+            self.index, vals, (self.n, self.n), is_coalesced=True, check_invariants=False
+        )
+
+
+def _merged(c: Tensor, rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``(c, E)`` with the rows of ``E`` that carry one unit at one exponent merged.
+
+    ``sum_e c_e exp(2 (E u)_e)`` is unchanged when rows with the same single entry are
+    summed into one (their ``c`` added): a LayerNorm gain's unit rescales a whole column
+    of the next linear layer, thousands of entries, which become one row.
+    """
+    single = torch.bincount(rows, minlength=len(c))[rows] == 1
+    exps, code = vals[single].unique(return_inverse=True)
+    key, where = (cols[single] * len(exps) + code).unique(return_inverse=True)
+    merged = c.new_zeros(len(key)).index_add_(0, where, c[rows[single]])
+    multi = rows[~single]
+    kept, renumber = multi.unique(return_inverse=True)
+    out_rows = torch.cat([torch.arange(len(key)), len(key) + renumber])
+    out_cols = torch.cat([key // len(exps), cols[~single]]) if len(exps) else cols[~single]
+    out_vals = torch.cat([exps[key % len(exps)], vals[~single]]) if len(exps) else vals[~single]
+    c = torch.cat([merged, c[kept]])
+    return c, _sparse(out_rows, out_cols, out_vals, (len(c), n))
 
 
 def _gram(E: Tensor, w: Tensor) -> Tensor:

@@ -41,7 +41,8 @@ product of all of them. Average-case directions are drawn at the canonical point
 value for every point of the orbit. A spec without continuous groups gives
 ``adaptive`` (with a warning).
 
-Evaluation: the model is copied to float64 and called with
+Evaluation: the model is copied to the working ``dtype`` (float64 by default, float32
+for large models) and called with
 :func:`torch.func.functional_call` in eval mode (BatchNorm uses running statistics,
 dropout is off). Curvature measures delegate to :mod:`wsym.sharpness.curvature` (``options`` are
 passed on, e.g. ``probes=`` or ``iters=``); they take positional (not dict) inputs.
@@ -63,8 +64,10 @@ from wsym.errors import SymmetryWarning, WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.models.calling import eval_mode
 from wsym.sharpness import tangent
-from wsym.sharpness.curvature.objective import as_double, batch_size, call
+from wsym.sharpness.curvature.objective import as_dtype, batch_size, call
 from wsym.sharpness.gauge import balanced
+from wsym.sharpness.micro_batch import BatchLoss, split
+from wsym.sharpness.micro_batch import check as check_micro_batch
 from wsym.sharpness.perturbation import Adaptive, Euclidean, Geodesic, Perturbation, Tangent
 
 MEASURES = (
@@ -97,22 +100,24 @@ def _project(geom: Perturbation, xi: Tangent, rho: float) -> Tangent:
 def _direction(geom, f, xi) -> tuple[float, Tangent]:
     """Loss at ``xi`` and the unit-norm Riemannian ascent direction there."""
     moved, pullback = geom.linearize(xi)
-    leaves = [moved[n].detach().requires_grad_(True) for n in geom.names]
-    value = f(dict(zip(geom.names, leaves, strict=True)))
-    grads = torch.autograd.grad(value, leaves, allow_unused=True)
-    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
+    leaves = {n: moved[n].detach().requires_grad_(True) for n in geom.names}
+    value, grads = BatchLoss.of(f).value_and_grad(leaves)
     g = pullback(grads)
     d = geom.gradient(g)
     n = float(geom.gradient_norm(g, d))
     geom.release(g)
     d = _scale(d, 1.0 / n, fresh=True) if n > 0 and math.isfinite(n) else geom.zero()
     if isinstance(d, tangent.FlatTangent):
-        return float(value.detach()), d.like(d.flat.detach())
-    return float(value.detach()), [x.detach() for x in d]
+        return value, d.like(d.flat.detach())
+    return value, [x.detach() for x in d]
 
 
 def worst_case(geom: Perturbation, f: Callable, rho: float, steps: int) -> float:
-    """Auto-PGD-like ascent of ``f(point(xi)) - f(theta)`` over ``||xi|| <= rho``."""
+    """Auto-PGD-like ascent of ``f(point(xi)) - f(theta)`` over ``||xi|| <= rho``.
+
+    ``f``: ``params -> loss``, or a :class:`wsym.sharpness.micro_batch.BatchLoss`
+    (gradients accumulated over its micro-batches).
+    """
     alpha, interval = 0.75, max(2, steps // 4)
     zero = geom.zero()
     base, d = _direction(geom, f, zero)
@@ -213,12 +218,14 @@ def sharpness(
     seed: int = 0,
     steps: int = 10,
     with_error: bool = False,
+    dtype: torch.dtype = torch.float64,
+    micro_batch: int | None = None,
     **options,
 ) -> float | Estimate:
     r"""Sharpness of ``model`` on ``batches`` (see the module docstring for the measures).
 
     Args:
-        model: the network; not modified (a float64 copy is evaluated in eval mode).
+        model: the network; not modified (a copy at ``dtype`` is evaluated in eval mode).
         batches: list of ``(inputs, targets)``; inputs a tensor, tuple, or dict of kwargs.
         loss_fn: ``loss_fn(outputs, targets)`` -> scalar, a mean over the batch.
         spec: the model's symmetries; ``None`` detects them on the first inputs.
@@ -230,10 +237,20 @@ def sharpness(
             (average case).
         with_error: return an :class:`Estimate` (value and standard error; the
             average case's error is over its antithetic pairs) instead of a float.
+        dtype: the working precision, ``torch.float64`` (references, invariance checks)
+            or ``torch.float32`` (large models: half the memory, about twice the speed).
+            The model, its inputs and every tangent vector of the ascent are held at it.
+        micro_batch: evaluate each batch in micro-batches of at most this many samples,
+            accumulating the loss and its gradients (the same value up to round-off), so
+            that activation memory is one micro-batch's; None: whole batches.
         **options: passed to the :mod:`wsym.sharpness.curvature` function of curvature measures.
 
     Returns:
         The sharpness as a Python float.
+
+    Memory: one copy of the model at ``dtype``; the geodesic measures add their
+    setup's index tables and a few tangent-sized buffers (model-sized, at ``dtype``),
+    the ascent one micro-batch's activations and one accumulated gradient.
 
     Example:
         >>> import torch, wsym
@@ -247,25 +264,29 @@ def sharpness(
     """
     batches = list(batches)
     _check(batches, measure, rho, steps)
+    check_micro_batch(micro_batch)
+    dtype = _working_dtype(dtype)
     check_finite(model.state_dict())
-    model64 = copy.deepcopy(model).double()
-    batches64 = [(as_double(x), as_double(y)) for x, y in batches]
+    work = copy.deepcopy(model).to(dtype)
+    batches_w = [(as_dtype(x, dtype), as_dtype(y, dtype)) for x, y in batches]
     if measure in ("hessian-trace", "lambda-max", "fisher"):
         if measure == "fisher":  # probes and sampled labels in canonical coordinates
             options = {"spec": _spec_of(model, batches, spec), **options}
-        value = _curvature(measure, model64, batches64, loss_fn, seed, options)
+        # the objective weighs batches by size: micro-batches of every batch are the same sum
+        micro = [m for x, y in batches_w for m in split(x, y, micro_batch)]
+        value = _curvature(measure, work, micro, loss_fn, seed, options)
         return Estimate(value, 0.0) if with_error else value
     if options:
         raise WsymInputError(f"unknown options for {measure!r}: {', '.join(options)}")
     if measure.startswith("geodesic"):
         spec = _spec_of(model, batches, spec)
-        _move_to(model64, _base_point(spec, model64.state_dict(), average))
-    params = {n: p.detach() for n, p in model64.named_parameters() if p.requires_grad}
+        _move_to(work, _base_point(spec, work.state_dict(), average, dtype))
+    params = {n: p.detach() for n, p in work.named_parameters() if p.requires_grad}
     geom = _geometry(spec, measure, params)
-    fs = [_batch_loss(model64, loss_fn, x, y) for x, y in batches64]
-    sizes = [batch_size(x) for x, _ in batches64]
+    fs = [_batch_loss(work, loss_fn, x, y, micro_batch) for x, y in batches_w]
+    sizes = [batch_size(x) for x, _ in batches_w]
     weights = [n / sum(sizes) for n in sizes]
-    with eval_mode(model64):
+    with eval_mode(work):
         if average:
             value, err = average_case(geom, fs, weights, rho, steps, seed)
         else:
@@ -287,8 +308,28 @@ class Estimate:
         return f"{self.value:.4g} +- {self.stderr:.2g}" if self.stderr else f"{self.value:.4g}"
 
 
-def _batch_loss(model64, loss_fn, inputs, targets) -> Callable:
-    return lambda params: loss_fn(call(model64, params, inputs), targets)
+def _batch_loss(model, loss_fn, inputs, targets, micro_batch) -> BatchLoss:
+    n = batch_size(inputs)
+    parts = split(inputs, targets, micro_batch, n)
+    return BatchLoss(
+        [lambda params, x=x, y=y: loss_fn(call(model, params, x), y) for x, y in parts],
+        [batch_size(x) / n for x, _ in parts],
+    )
+
+
+#: Working precisions of the measures (the loss, the tangents, the setup's solves).
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _working_dtype(dtype) -> torch.dtype:
+    """``dtype`` (a torch dtype or its name) as float32 / float64, or a one-line error."""
+    resolved = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if resolved not in DTYPES.values():
+        raise WsymInputError(
+            f"sharpness runs in float32 or float64, not {dtype}; pass dtype=torch.float32 "
+            "(large models) or torch.float64 (references)"
+        )
+    return resolved
 
 
 def _spec_of(model, batches, spec: SymmetrySpec | None) -> SymmetrySpec:
@@ -297,7 +338,9 @@ def _spec_of(model, batches, spec: SymmetrySpec | None) -> SymmetrySpec:
     return spec_or_detect(spec, model, batches[0][0], "wsym.sharpness")
 
 
-def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:
+def _base_point(
+    spec: SymmetrySpec, state: dict, average: bool, dtype: torch.dtype = torch.float64
+) -> dict:
     """Where the geodesic measures are evaluated: a point of the same orbit.
 
     Worst case: the balanced point of the diagonal groups
@@ -313,14 +356,15 @@ def _base_point(spec: SymmetrySpec, state: dict, average: bool) -> dict:
     from wsym.align.canonicalize import canonical_element
 
     if average:
-        return canonical_element(state, spec)[0]
-    return canonical_element(balanced(spec, state), spec, kinds={"gl"}, max_sweeps=1)[0]
+        return canonical_element(state, spec, dtype=dtype)[0]
+    point = balanced(spec, state, dtype=dtype)
+    return canonical_element(point, spec, kinds={"gl"}, max_sweeps=1, dtype=dtype)[0]
 
 
-def _move_to(model64: nn.Module, state: dict) -> None:
-    """Load ``state`` (same function, another point of the orbit) into the float64 copy."""
+def _move_to(model: nn.Module, state: dict) -> None:
+    """Load ``state`` (same function, another point of the orbit) into the working copy."""
     with torch.no_grad():
-        for name, t in model64.state_dict(keep_vars=True).items():
+        for name, t in model.state_dict(keep_vars=True).items():
             if name in state and t.is_floating_point():
                 t.copy_(state[name])
 

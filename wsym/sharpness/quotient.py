@@ -47,10 +47,14 @@ Example:
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import torch
 from torch import Tensor
 
 from wsym.group.kinds import kind_of
+from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
 from wsym.sharpness.blocks import block_groups, gather, gl_groups, scatter
 from wsym.sharpness.geometry import Pair
@@ -96,62 +100,24 @@ class Quotient:
 
     def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor]):
         self.spec, self.params = spec, params
-        self.blocks = gather(spec, params)
-        by_shape: dict[tuple, list[int]] = {}
-        for j, (i, b) in enumerate(self.blocks):
-            orthogonal = kind_of(spec.groups[i]).self_dual
-            by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1], orthogonal), []).append(j)
-        self.members = list(by_shape.values())
-        self.orthogonal = [key[2] for key in by_shape]
-        self.stacks = [self._stack([self.blocks[j][1] for j in js]) for js in self.members]
+        lay = _layout(spec, params)
+        self.members, self.orthogonal, self.touched = lay.members, lay.orthogonal, lay.touched
+        self._block_shapes, self._total = lay.block_shapes, lay._total
+        self._shapes, self._sizes, self._stack_shapes = lay._shapes, lay._sizes, lay.stack_shapes
+        like = next(iter(params.values())) if params else torch.zeros(0)
+        device, dtype = like.device, like.dtype
+        self._gather_index = lay._gather_index.to(device)
+        self._scatter_index = lay._scatter_index.to(device)
+        self.covered = {p: t.to(device) for p, t in lay.covered.items()}
         self.rows = [
-            None
-            if all(
-                M.shape[-2] == S.shape[-2]
-                for j in js
-                for M, S in zip(self.blocks[j][1], s, strict=True)
-            )
-            else self._stack(
-                [Pair(*(torch.ones_like(M[..., :1]) for M in self.blocks[j][1])) for j in js],
-                self._rows(s),
-            )
-            for js, s in zip(self.members, self.stacks, strict=True)
+            None if r is None else Pair(*(m.to(device, dtype) for m in r)) for r in lay.rows
         ]
-        # number every stacked entry (1, 2, ... in flattened G, H order, padding included)
-        # and scatter the numbers of the blocks' own entries once: afterwards gathering
-        # and scattering are one indexing each
-        codes: list = [None] * len(self.blocks)
-        offset = 1
-        for i, stack in enumerate(self.stacks):
-            parts = []
-            for M in stack:
-                parts.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
-                offset += M.numel()
-            numbered = Pair(parts[0].reshape(stack.G.shape), parts[1].reshape(stack.H.shape))
-            for j, pair in self._unstack(i, numbered):
-                codes[j] = (self.blocks[j][0], pair)
-        like = {p: torch.zeros(t.shape, dtype=torch.float64) for p, t in params.items()}
-        placed = scatter(spec, codes, like)
-        self.covered = {p: (t != 0).to(params[p].device) for p, t in placed.items()}
-        self._total = offset - 1
-        # the parameters a block touches, concatenated flat ("touched" order): for each
-        # stacked entry the position of its value there (padding: one zero slot after the
-        # end), and for each touched entry the position of its stacked value (entries no
-        # block covers: a zero slot after the stacks), so that gathering and scattering
-        # are one index_select each
-        self.touched = [p for p, t in placed.items() if bool((t != 0).any())]
-        self._shapes = [params[p].shape for p in self.touched]
-        self._sizes = [params[p].numel() for p in self.touched]
-        codes_flat = torch.cat(
-            [torch.zeros(0, dtype=torch.float64)] + [placed[p].reshape(-1) for p in self.touched]
-        )
-        device = next(iter(params.values())).device if params else None
-        where = codes_flat.nonzero().squeeze(1)
-        gather_index = torch.full((self._total,), len(codes_flat), dtype=torch.long)
-        gather_index[codes_flat[where].long() - 1] = where
-        scatter_index = torch.full((len(codes_flat),), self._total, dtype=torch.long)
-        scatter_index[where] = codes_flat[where].long() - 1
-        self._gather_index, self._scatter_index = gather_index.to(device), scatter_index.to(device)
+        # one gather reads every stack (padding rows zero); the blocks are views of them
+        self.stacks = self.gather_stacks(params) if self.members else []
+        self.blocks: list = [None] * len(lay.groups)
+        for i, stacked in enumerate(self.stacks):
+            for j, pair in self._unstack(i, stacked):
+                self.blocks[j] = (lay.groups[j], pair)
 
     @staticmethod
     def _rows(stack: Pair) -> tuple[int, int]:
@@ -181,15 +147,8 @@ class Quotient:
         """``(position in blocks, pair)`` of each member of stack ``i``, padding cut off."""
         out = []
         for k, j in enumerate(self.members[i]):
-            b = self.blocks[j][1]
-            out.append(
-                (
-                    j,
-                    Pair(
-                        stacked.G[k][..., : b.G.shape[-2], :], stacked.H[k][..., : b.H.shape[-2], :]
-                    ),
-                )
-            )
+            n, m = self._block_shapes[j]
+            out.append((j, Pair(stacked.G[k][..., :n, :], stacked.H[k][..., :m, :])))
         return out
 
     def gather_stacks(self, tensors: dict[str, Tensor]) -> list[Pair]:
@@ -199,7 +158,7 @@ class Quotient:
         stacks themselves; for a gradient with respect to the parameters it returns
         the gradient with respect to the stacked blocks (zero on padding rows).
         """
-        if not self.stacks:
+        if not self.members:
             return []
         like = tensors[self.touched[0]]
         zero = torch.zeros(1, dtype=like.dtype, device=like.device)
@@ -207,9 +166,10 @@ class Quotient:
         return self._split_stacks(flat.index_select(0, self._gather_index))
 
     def _split_stacks(self, values: Tensor) -> list[Pair]:
-        out, parts = [], values.split([M.numel() for s in self.stacks for M in s])
-        for i, s in enumerate(self.stacks):
-            out.append(Pair(parts[2 * i].view(s.G.shape), parts[2 * i + 1].view(s.H.shape)))
+        shapes = self._stack_shapes
+        out, parts = [], values.split([math.prod(g) for pair in shapes for g in pair])
+        for i, (g, h) in enumerate(shapes):
+            out.append(Pair(parts[2 * i].view(g), parts[2 * i + 1].view(h)))
         return out
 
     def gather(self, tensors: dict[str, Tensor]) -> list[Pair]:
@@ -270,3 +230,82 @@ class Quotient:
             for js, s in zip(self.members, self.stacks, strict=True)
         ]
         return self.scatter_stacks(stacked)
+
+
+def _layout(spec: SymmetrySpec, params: dict[str, Tensor]) -> SimpleNamespace:
+    """What a :class:`Quotient` holds that depends on names and shapes only (memoized).
+
+    The blocks' stacking, padding masks, coverage and the gather / scatter indices,
+    computed once per spec and parameter shapes: the balancing and the geometry of one
+    :func:`wsym.sharpness.sharpness` call read the same layout.
+    """
+    key = ("quotient", tuple((p, tuple(t.shape)) for p, t in params.items()))
+    return derived(spec, key, lambda: _build_layout(spec, params))
+
+
+def _build_layout(spec: SymmetrySpec, params: dict[str, Tensor]) -> SimpleNamespace:
+    shaped = {p: torch.zeros(t.shape, dtype=torch.float64) for p, t in params.items()}
+    blocks = gather(spec, shaped)  # zeros: only the shapes are read
+    by_shape: dict[tuple, list[int]] = {}
+    for j, (i, b) in enumerate(blocks):
+        orthogonal = kind_of(spec.groups[i]).self_dual
+        by_shape.setdefault((b.G.shape[:-2], b.G.shape[-1], orthogonal), []).append(j)
+    members = list(by_shape.values())
+    stacks = [Quotient._stack([blocks[j][1] for j in js]) for js in members]
+    rows = [
+        None
+        if all(M.shape[-2] == S.shape[-2] for j in js for M, S in zip(blocks[j][1], s, strict=True))
+        else Quotient._stack(
+            [Pair(*(torch.ones_like(M[..., :1]) for M in blocks[j][1])) for j in js],
+            Quotient._rows(s),
+        )
+        for js, s in zip(members, stacks, strict=True)
+    ]
+    # number every stacked entry (1, 2, ... in flattened G, H order, padding included)
+    # and scatter the numbers of the blocks' own entries once: afterwards gathering
+    # and scattering are one indexing each
+    codes: list = [None] * len(blocks)
+    offset = 1
+    for js, stack in zip(members, stacks, strict=True):
+        parts = []
+        for M in stack:
+            parts.append(torch.arange(offset, offset + M.numel(), dtype=torch.float64))
+            offset += M.numel()
+        G, H = parts[0].reshape(stack.G.shape), parts[1].reshape(stack.H.shape)
+        for k, j in enumerate(js):
+            b = blocks[j][1]
+            codes[j] = (
+                blocks[j][0],
+                Pair(G[k][..., : b.G.shape[-2], :], H[k][..., : b.H.shape[-2], :]),
+            )
+    placed = scatter(spec, codes, shaped)
+    total = offset - 1
+    # the parameters a block touches, concatenated flat ("touched" order): for each
+    # stacked entry the position of its value there (padding: one zero slot after the
+    # end), and for each touched entry the position of its stacked value (entries no
+    # block covers: a zero slot after the stacks), so that gathering and scattering
+    # are one index_select each
+    touched = [p for p, t in placed.items() if bool((t != 0).any())]
+    codes_flat = torch.cat(
+        [torch.zeros(0, dtype=torch.float64)] + [placed[p].reshape(-1) for p in touched]
+    )
+    where = codes_flat.nonzero().squeeze(1)
+    gather_index = torch.full((total,), len(codes_flat), dtype=torch.long)
+    gather_index[codes_flat[where].long() - 1] = where
+    scatter_index = torch.full((len(codes_flat),), total, dtype=torch.long)
+    scatter_index[where] = codes_flat[where].long() - 1
+    return SimpleNamespace(
+        groups=[i for i, _ in blocks],
+        block_shapes=[(b.G.shape[-2], b.H.shape[-2]) for _, b in blocks],
+        members=members,
+        orthogonal=[key[2] for key in by_shape],
+        stack_shapes=[(tuple(s.G.shape), tuple(s.H.shape)) for s in stacks],
+        rows=rows,
+        covered={p: t != 0 for p, t in placed.items()},
+        touched=touched,
+        _total=total,
+        _shapes=[params[p].shape for p in touched],
+        _sizes=[params[p].numel() for p in touched],
+        _gather_index=gather_index,
+        _scatter_index=scatter_index,
+    )

@@ -74,13 +74,14 @@ class Schur:
     def solve(self, r: Tensor) -> Tensor:
         """``S^{-1} r`` for a vector ``r`` over all units (zero outside the components)."""
         out = torch.zeros_like(r)
-        for units, factor in self.groups:
-            out[units] = torch.cholesky_solve(r[units].unsqueeze(-1), factor).squeeze(-1)
+        for units, factor in self.groups:  # factors in float64 whatever the working dtype
+            x = torch.cholesky_solve(r[units].unsqueeze(-1).to(factor.dtype), factor)
+            out[units] = x.squeeze(-1).to(r.dtype)
         return out
 
-    def units_of(self, stacks, omegas, n_units: int) -> Tensor:
+    def units_of(self, stacks, omegas, n_units: int, dtype=torch.float64) -> Tensor:
         """The units' part of ``J^T M J Omega`` for block coefficients ``omegas`` (per stack)."""
-        out = torch.zeros(n_units + 1, dtype=torch.float64)
+        out = torch.zeros(n_units + 1, dtype=dtype)
         for s, (ru, re, (MG, MH)) in self.rows.items():
             G, H = stacks[s]
             W = omegas[s]
@@ -247,7 +248,7 @@ def row_exponents(h, lay, s: int) -> tuple[Tensor, Tensor] | None:
     parts_u, parts_e = [], []
     for view, factor in zip(lay.views[s], h.stacks[s], strict=True):
         u = torch.full((K, factor.numel()), h.n_units, dtype=torch.long)
-        e = torch.zeros((K, factor.numel()), dtype=torch.float64)
+        e = torch.zeros((K, factor.numel()), dtype=factor.dtype)
         inside = (lay.sup >= view.start) & (lay.sup < view.stop)
         local = lay.sup[inside] - view.start
         order = torch.argsort(lay.idx[:, inside], 0)  # the same order of units on every entry
@@ -311,7 +312,9 @@ class _Plan:
         rows, cols, vals = rows.reshape(-1), cols.reshape(-1), vals.reshape(-1)
         drop = (rows == self.n) | (cols == self.n)
         at = self.base[rows] + self.local[rows] * self.size[rows] + self.local[cols]
-        self.flat.index_add_(0, torch.where(drop, self.flat.numel() - 1, at), vals)
+        self.flat.index_add_(
+            0, torch.where(drop, self.flat.numel() - 1, at), vals.to(self.flat.dtype)
+        )
 
     def factor(self) -> Schur | None:
         """Cholesky factors per component (regularized by :data:`SHIFT`); None if not PD."""

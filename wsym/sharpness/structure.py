@@ -10,9 +10,13 @@ on: every entry, or the reduced set the coupled generators touch.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 from torch import Tensor
 
 from wsym.group.memo import derived
@@ -23,21 +27,14 @@ from wsym.sharpness.exponents import exponent_entries, vertical_torus
 def components(n: int, pairs: Tensor) -> list[int]:
     """Connected components of the graph on ``range(n)`` with edges ``pairs`` ``(k, 2)``.
 
-    Returns one representative per node (equal for nodes of one component).
+    Returns one label per node (equal for nodes of one component); a sparse graph
+    search (scipy), linear in nodes and edges.
     """
-    parent = list(range(n))
-
-    def find(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a, b in pairs.long().unique(dim=0).tolist() if len(pairs) else []:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
-    return [find(i) for i in range(n)]
+    pairs = pairs.long().reshape(-1, 2).numpy()
+    graph = coo_matrix(
+        (np.ones(len(pairs), dtype=np.int8), (pairs[:, 0], pairs[:, 1])), shape=(n, n)
+    )
+    return connected_components(graph, directed=False)[1].tolist()
 
 
 @dataclass(frozen=True)
@@ -139,7 +136,7 @@ class Structure:
                 pairs.append(torch.stack([grp[0][both], grp[j][both]], 1))
                 inner |= set(grp[0][both & (grp[0] == grp[j])].tolist())
         roots = components(n_e + n_s, torch.cat(pairs) if pairs else torch.zeros(0, 2))
-        size = {r: roots.count(r) for r in set(roots)}
+        size = Counter(roots)
         cg = [size[roots[i]] > 1 or i in inner for i in range(len(roots))]
         groups = torch.tensor(cg[:n_e], dtype=torch.bool)
         units = groups[unit_group] if n_e else torch.zeros(0, dtype=torch.bool)

@@ -50,7 +50,9 @@ from wsym.sharpness.structure import TangentLayout, structure
 from wsym.sharpness.tangent import FlatTangent
 
 TOL = 1e-11
-"""Relative residual (in the preconditioned norm) at which the Gram solve stops."""
+"""Relative residual (in the preconditioned norm) at which the Gram solve stops (float64)."""
+TOLS = {torch.float64: TOL, torch.float32: 1e-5}
+""":data:`TOL` per working dtype (float32: about 100 machine epsilons)."""
 MAX_ITER = 200
 
 Coefficients = list[Tensor]
@@ -88,22 +90,24 @@ class Horizontal:
         n = sum(self.sizes)
         like = next(iter(params.values()), torch.zeros(0, dtype=torch.float64))
         theta = torch.cat([params[k].reshape(-1) for k in names]) if names else like.new_zeros(0)
-        theta = theta.double()
-        self._exps = st.exps
-        self._val = st.exps * theta[st.param_of]  # (K, support): exponent * theta per unit slot
+        self.dtype = theta.dtype if theta.dtype in TOLS else torch.float64
+        self.tol = TOLS[self.dtype]
+        theta = theta.to(self.dtype)
+        self._exps = st.exps.to(self.dtype)
+        self._val = self._exps * theta[st.param_of]  # (K, support): exponent * theta per unit slot
         full, D = translation_directions(spec, names, params)
         self.keep = None
         where = full.nonzero().squeeze(1)
         if bool((theta[where] == 0).all()):  # canonical (zero) key biases: decoupled, zeroed
             if where.numel():
-                self.keep = torch.ones(n, dtype=torch.float64)
+                self.keep = torch.ones(n, dtype=self.dtype)
                 self.keep[st.pos[where]] = 0.0
         else:  # elsewhere GL moves them too: one direction per entry, solved with the rest
-            unit = torch.zeros(theta.numel(), where.numel(), dtype=torch.float64)
+            unit = torch.zeros(theta.numel(), where.numel(), dtype=self.dtype)
             unit[where, torch.arange(where.numel())] = 1.0
             D = torch.cat([D, unit], 1)
-        self.D = torch.zeros(n, D.shape[1], dtype=torch.float64)
-        self.D[st.pos] = D
+        self.D = torch.zeros(n, D.shape[1], dtype=self.dtype)
+        self.D[st.pos] = D.to(self.dtype)
         self.stacks = q.stacks
         self.skew = q.orthogonal
         self.iterations = 0
@@ -121,7 +125,7 @@ class Horizontal:
         self._precompute()
 
     def _flat(self, xs: list[Tensor]) -> Tensor:
-        return torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0, dtype=torch.float64)
+        return torch.cat([x.reshape(-1) for x in xs]) if xs else torch.zeros(0, dtype=self.dtype)
 
     def _unflat(self, v: Tensor) -> list[Tensor]:
         return [x.view(s) for x, s in zip(v.split(self.sizes), self.shapes, strict=True)]
@@ -222,7 +226,7 @@ class Horizontal:
         """
         lay = lay or self._layout
         a, t, omegas = c[0], c[1], c[2:]
-        v = torch.zeros(lay.n, dtype=torch.float64) if out is None else out
+        v = torch.zeros(lay.n, dtype=self.dtype) if out is None else out
         if a is not None and a.numel():
             ext = torch.cat([a, a.new_zeros(1)])
             rows, sup, idx, val = self._gather_of(lay)
@@ -282,7 +286,7 @@ class Horizontal:
             # sum_e E_eu^2 theta_e (M theta)_e: inside a block the row sums of
             # theta (M theta) are the rows' leverages, so with E constant along a block
             # row this is the exact diagonal of J^T M J
-            theta_t = self._flat(self.geom.coordinates()).double()
+            theta_t = self._flat(self.geom.coordinates()).to(self.dtype)
             safe = torch.where(theta_t != 0, theta_t, torch.ones_like(theta_t))
             weight = (self.lower(theta_t) / safe)[self._support]
             d = self._unit_sums(self._val**2 * weight, self._idx)
@@ -402,7 +406,7 @@ class Horizontal:
             self._schur = schur(self, self._reduced_layout) if self.exact else None
             self.trusted = self._schur is not None and self.probe_schur()
         reduced = self._reduced_layout
-        if self.trusted:  # exact to TOL at this base point (probed): no confirming iteration
+        if self.trusted:  # exact to the tolerance here (probed): no confirming iteration
             return [u + v for u, v in zip(self._solve_schur(b, keep), exact, strict=True)]
         if self._schur is not None:  # an exact solve, refined by CG where round-off bites
             precondition = lambda r: self._solve_schur(r, keep)  # noqa: E731
@@ -412,12 +416,13 @@ class Horizontal:
         r = self._restrict(list(b), *keep)
         z = precondition(r)
         rz = _dot(r, z)
-        stop, scale = TOL * TOL * rz, _dot(r, r).sqrt()
+        tol = self.tol
+        stop, scale = tol * tol * rz, _dot(r, r).sqrt()
         p = z
         while (
             self.iterations < MAX_ITER
             and rz > 0
-            and (rz > stop or (self._schur is not None and _dot(r, r).sqrt() > TOL * scale))
+            and (rz > stop or (self._schur is not None and _dot(r, r).sqrt() > tol * scale))
         ):
             Kp = self._restrict(self.gram(p, reduced), *keep)
             alpha = rz / _dot(p, Kp)
@@ -441,19 +446,23 @@ class Horizontal:
         """
         keep = self._cg
         gen = torch.Generator().manual_seed(seed)
-        coeffs = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in self._zero()]
+        coeffs = [
+            torch.randn(t.shape, generator=gen, dtype=torch.float64).to(self.dtype)
+            for t in self._zero()
+        ]
         b = self._restrict(self.gram(self._restrict(coeffs, *keep), self._reduced_layout), *keep)
         x = self._solve_schur(b, keep)
         Kx = self._restrict(self.gram(x, self._reduced_layout), *keep)
         r = [u - v for u, v in zip(b, Kx, strict=True)]
-        plain = _dot(r, r) <= TOL * TOL * _dot(b, b)
-        pre = _dot(r, self._solve_schur(r, keep)) <= TOL * TOL * _dot(b, x)
+        tol = self.tol
+        plain = _dot(r, r) <= tol * tol * _dot(b, b)
+        pre = _dot(r, self._solve_schur(r, keep)) <= tol * tol * _dot(b, x)
         return bool(plain and pre)
 
     def _zero(self) -> Coefficients:
         """Zero coefficients: one per unit, per translation direction, a matrix per stack."""
-        units = torch.zeros(self.n_units, dtype=torch.float64)
-        trans = torch.zeros(self.D.shape[1], dtype=torch.float64)
+        units = torch.zeros(self.n_units, dtype=self.dtype)
+        trans = torch.zeros(self.D.shape[1], dtype=self.dtype)
         blocks = [G.new_zeros((*G.shape[:-2], G.shape[-1], G.shape[-1])) for G, _ in self.stacks]
         return [units, trans, *blocks]
 
@@ -475,7 +484,7 @@ class Horizontal:
         off, sc = torch.zeros_like(units), self._schur
         blocks = self._restrict(list(b), off, trans, stacks)
         w = self._restrict(self.precondition(blocks, stacks), off, trans, stacks)
-        a = sc.solve((b[0] - sc.units_of(self.stacks, w[2:], self.n_units)) * units)
+        a = sc.solve((b[0] - sc.units_of(self.stacks, w[2:], self.n_units, self.dtype)) * units)
         back = sc.blocks_of(self.stacks, a)
         rest = blocks[:2] + [R - back[s] if s in back else R for s, R in enumerate(blocks[2:])]
         omega = self._restrict(self.precondition(rest, stacks), off, trans, stacks)

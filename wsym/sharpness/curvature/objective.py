@@ -62,15 +62,20 @@ def call(model: nn.Module, params: Params, inputs: Any) -> Any:
     return functional_call(model, params, as_args(inputs))
 
 
+def as_dtype(x: Any, dtype: torch.dtype) -> Any:
+    """``x`` with its floating tensors at ``dtype`` (tensors, tuples, lists, dicts of them)."""
+    if isinstance(x, Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, tuple | list):
+        return type(x)(as_dtype(v, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: as_dtype(v, dtype) for k, v in x.items()}
+    return x
+
+
 def as_double(x: Any) -> Any:
     """``x`` with its floating tensors in float64 (tensors, tuples, lists, dicts of them)."""
-    if isinstance(x, Tensor):
-        return x.double() if x.is_floating_point() else x
-    if isinstance(x, tuple | list):
-        return type(x)(as_double(v) for v in x)
-    if isinstance(x, dict):
-        return {k: as_double(v) for k, v in x.items()}
-    return x
+    return as_dtype(x, torch.float64)
 
 
 def batch_weights(batches: Sequence[Batch]) -> list[float]:
