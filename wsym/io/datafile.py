@@ -3,7 +3,7 @@
 * ``path.safetensors`` / ``path.pt`` / ``path.npz``: tensors ``x_train``, ``y_train`` and
   optionally ``x_test``, ``y_test`` (or ``inputs``, ``targets``: one set, used for both
   splits). ``.pt`` files load with ``weights_only=True``, ``.npz`` without pickles.
-* ``module:function`` or ``file.py:function``: returns a :class:`wsym.io.datasets.Dataset`,
+* ``module:function`` or ``file.py:function``: returns a :class:`wsym.io.dataset.Dataset`,
   a tuple ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``, or a dict
   with the keys above.
 
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from wsym.errors import WsymInputError
+from wsym.io.dataset import Dataset
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".npz")
 _KEYS = "x_train, y_train (and x_test, y_test) or inputs, targets"
@@ -31,7 +32,7 @@ def is_user_data(name: str) -> bool:
 
 
 def load_user_data(name: str):
-    """The :class:`wsym.io.datasets.Dataset` in the file or from the function ``name``."""
+    """The :class:`wsym.io.dataset.Dataset` in the file or from the function ``name``."""
     if name.lower().endswith(SUFFIXES):
         tensors: Any = _read_file(Path(name))
     else:
@@ -65,8 +66,6 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _dataset(tensors: Any, name: str):
-    from wsym.io.datasets import Dataset
-
     if isinstance(tensors, Dataset):
         return tensors
     if isinstance(tensors, tuple | list) and len(tensors) in (2, 4):
