@@ -29,8 +29,8 @@ from sklearn.linear_model import LogisticRegression
 
 from wsym.zoo import store
 from wsym.zoo.architectures import initialise
-from wsym.zoo.finetune import PRETRAINED
 from wsym.zoo.presets import load_preset
+from wsym.zoo.pretrain import PRETRAINED
 from wsym.zoo.tasks import load_task, markov_language
 
 

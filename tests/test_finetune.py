@@ -11,7 +11,7 @@ import wsym.zoo
 from wsym.errors import WsymInputError
 from wsym.models.networks import TinyTransformer
 from wsym.sharpness.correlation import calibrate_rho, kendall, partial_kendall, scramble
-from wsym.zoo import finetune
+from wsym.zoo import finetune, pretrain
 from wsym.zoo.presets import load_preset
 from wsym.zoo.streams import example_loss
 from wsym.zoo.tasks import IGNORE, load_task, markov_language
@@ -93,7 +93,7 @@ def test_members_start_from_the_pretrained_model(tiny):
     frozen = wsym.zoo.build(
         "vit-finetune", members=2, out=out / "frozen", progress=False, overrides={**TINY, **slow}
     )
-    pretrained = (out / "frozen" / finetune.PRETRAINED).read_bytes()
+    pretrained = (out / "frozen" / pretrain.PRETRAINED).read_bytes()
     state = wsym.zoo.store.decode_shard(pretrained, "pretrained")[0][-1]
     for member in frozen.ids:
         sd = frozen.state_dict(member)
@@ -104,9 +104,9 @@ def test_members_start_from_the_pretrained_model(tiny):
 
 def test_resume_reuses_the_pretrained_model_and_keeps_members(tiny):
     out, zoo = tiny
-    before = (out / finetune.PRETRAINED).read_bytes()
+    before = (out / pretrain.PRETRAINED).read_bytes()
     again = wsym.zoo.build("vit-finetune", members=4, out=out, progress=False, overrides=TINY)
-    assert (out / finetune.PRETRAINED).read_bytes() == before
+    assert (out / pretrain.PRETRAINED).read_bytes() == before
     for member in zoo.ids:
         for key, value in zoo.state_dict(member).items():
             assert torch.equal(again.state_dict(member)[key], value)

@@ -26,7 +26,6 @@ CIRCLES = {
     ),
     frozenset({"wsym.align.interpolate", "wsym.align.merge", "wsym.align.repair"}),
     frozenset({"wsym.align.choice", "wsym.align.path"}),
-    frozenset({"wsym.zoo.batched", "wsym.zoo.finetune"}),
     frozenset({"wsym.metanet.park", "wsym.metanet.predictor"}),
 }
 

@@ -29,7 +29,7 @@ import wsym
 from wsym.errors import WsymInputError
 from wsym.io.atomic import write_atomic
 from wsym.io.progress import Progress
-from wsym.zoo import finetune, heldout, store
+from wsym.zoo import finetune, heldout, pretrain, store
 from wsym.zoo.backends import plan_member, run_units
 from wsym.zoo.presets import load_preset, member_seed
 from wsym.zoo.zoo import Zoo, load
@@ -102,7 +102,7 @@ def _build(out, config, members, seed, backend, workers, progress, address) -> Z
     manifest = _open(out, config, seed, members)
     upstream = None
     if "pretrain" in config:  # a fine-tune zoo: its upstream model, trained once, stored
-        upstream = finetune.pretrained(out, config, manifest)
+        upstream = pretrain.pretrained(out, config, manifest)
         write_atomic(out / store.MANIFEST, json.dumps(manifest, indent=1).encode())
     done = _recover(out, manifest)
     size = int(config["shard_size"])

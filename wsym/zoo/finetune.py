@@ -1,7 +1,7 @@
 r"""Pretrain-then-fine-tune zoos: one pretrained model, many fine-tuned members.
 
 A preset with a ``pretrain`` entry describes the upstream run, done once per
-zoo (:func:`pretrain`, deterministic; stored as ``pretrained.safetensors`` in
+zoo (:func:`wsym.zoo.pretrain.pretrain`, deterministic; stored as ``pretrained.safetensors`` in
 the zoo directory and reused when a build resumes):
 
 * ``dataset``: the upstream task (:mod:`wsym.zoo.tasks`);
@@ -36,22 +36,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from wsym.errors import WsymInputError
-from wsym.io.atomic import write_atomic
-from wsym.zoo import store
-from wsym.zoo.tasks import load_task
 
-#: The file a fine-tune zoo's pretrained model is stored in.
-PRETRAINED = "pretrained.safetensors"
 #: Key of the pretrained state dict in the config handed to training units.
 STATE_KEY = "pretrained_state"
-_PRETRAIN_KEYS = ("dataset", "architecture", "hyperparameters", "seed")
 
 
 def learning_rate(
@@ -118,47 +111,6 @@ def start_from(module: nn.Module, state: dict[str, torch.Tensor], reinit: list[s
                     "the preset's pretrain.reinit or make the architectures agree"
                 )
             value.copy_(state[key])
-
-
-def pretrain_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The preset's ``pretrain`` entry, checked (one-line errors naming what to add)."""
-    entry = config.get("pretrain")
-    if not isinstance(entry, dict):
-        raise WsymInputError(f"zoo preset {config['name']!r} has no pretrain entry")
-    missing = [k for k in _PRETRAIN_KEYS if k not in entry]
-    if missing:
-        raise WsymInputError(f"zoo preset {config['name']!r}: pretrain lacks {', '.join(missing)}")
-    return entry
-
-
-def pretrain(config: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Train the preset's upstream model once: its state dict and upstream metrics."""
-    from wsym.zoo.batched import Member, train_members
-
-    entry = pretrain_config(config)
-    architecture = {**config["architecture"], **entry["architecture"]}
-    member = Member(-1, int(entry["seed"]), dict(entry["hyperparameters"]), architecture)
-    upstream = {"task": "classification", "dropout_sites": []}
-    (trained,) = train_members(upstream, load_task(entry["dataset"]), [member])
-    return trained.state_dict, trained.metrics
-
-
-def pretrained(out: Path, config: dict[str, Any], manifest: dict[str, Any]):
-    """The zoo's pretrained state dict: read from ``out`` if stored, else trained and stored.
-
-    Its upstream metrics and the file's sha256 go into ``manifest["pretrained"]``;
-    a stored file whose sha256 differs from the manifest's is trained again.
-    """
-    path = out / PRETRAINED
-    recorded = manifest.get("pretrained", {})
-    if path.is_file() and store.sha256(path.read_bytes()) == recorded.get("sha256"):
-        state, _ = store.decode_shard(path.read_bytes(), str(path))
-        return state[-1]
-    state, metrics = pretrain(config)
-    data = store.encode_shard({-1: state}, [{"id": -1, **metrics}])
-    write_atomic(path, data)
-    manifest["pretrained"] = {**metrics, "sha256": store.sha256(data)}
-    return state
 
 
 def unit_config(config: dict[str, Any], state: dict[str, torch.Tensor] | None) -> dict[str, Any]:
