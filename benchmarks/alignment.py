@@ -75,9 +75,9 @@ from torch.nn import functional as F
 
 import wsym
 from wsym.align.alignment import _float64, weight_matching
+from wsym.align.batchnorm import reset_batchnorm_stats
 from wsym.align.continuous import mismatch
 from wsym.align.interpolate import Curve
-from wsym.align.merge import reset_batchnorm_stats
 from wsym.group.elements import GroupElement, act
 from wsym.io.datasets import load
 from wsym.models.evaluate import evaluate

@@ -24,8 +24,6 @@ CIRCLES = {
             "kinds.matrix kinds.modules kinds.translation layout spec verify"
         ).split()
     ),
-    frozenset({"wsym.align.interpolate", "wsym.align.merge", "wsym.align.repair"}),
-    frozenset({"wsym.align.choice", "wsym.align.path"}),
     frozenset({"wsym.metanet.park", "wsym.metanet.predictor"}),
 }
 

@@ -7,7 +7,7 @@ import torch
 from test_canon import double
 
 import wsym
-from wsym.align.merge import reset_batchnorm_stats
+from wsym.align.batchnorm import reset_batchnorm_stats
 from wsym.align.repair import Repair, correction_points, unit_statistics
 from wsym.errors import WsymInputError
 from wsym.models.networks import MLP, CNN1d, TinyTransformer

@@ -21,16 +21,16 @@ wins outright, so a moved copy of the reference is always returned to it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch.func import functional_call
 
+from wsym.align.batchnorm import batchnorm_batch_statistics
 from wsym.align.continuous import mismatch
 from wsym.errors import WsymInputError
 from wsym.group.spec import SymmetrySpec
-from wsym.models.calling import eval_mode, model_inputs
+from wsym.models.calling import eval_mode, joined_pairs, model_inputs
 
 # The interior points the path objective is estimated on.
 PATH_POINTS = (0.25, 0.5, 0.75)
@@ -115,8 +115,6 @@ def path_objective(model, ref: dict, moved: dict, batches, loss_fn=None) -> floa
     batch's), every other module in eval mode. Holds one interpolated state dict
     at the model's dtype.
     """
-    from wsym.align.path import joined_pairs
-
     loss_fn = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     joined = joined_pairs(list(batches))
@@ -137,25 +135,6 @@ def path_objective(model, ref: dict, moved: dict, batches, loss_fn=None) -> floa
                 outputs = functional_call(model, state, args, kwargs)
                 total += float(loss_fn(outputs, targets)) / (len(PATH_POINTS) * len(joined))
     return total
-
-
-def batchnorm_layers(model) -> list:
-    """The model's BatchNorm layers."""
-    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-
-
-@contextlib.contextmanager
-def batchnorm_batch_statistics(model):
-    """Every BatchNorm of ``model`` in training mode (batch statistics) inside the block."""
-    norms = batchnorm_layers(model)
-    modes = [m.training for m in norms]
-    try:
-        for m in norms:
-            m.train()
-        yield
-    finally:
-        for m, mode in zip(norms, modes, strict=True):
-            m.train(mode)
 
 
 def _float64(sd: dict) -> dict:

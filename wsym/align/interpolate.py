@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from wsym.align.repair import Repair
 from wsym.models.evaluate import evaluate
 
 
@@ -101,8 +102,6 @@ def interpolate(
     alphas = [i / (steps - 1) for i in range(steps)]
     fix = None
     if repair:
-        from wsym.align.repair import Repair
-
         on = batches if repair_batches is None else repair_batches
         fix = Repair(model, [sd_a, sd_b], on, units=repair != "batchnorm")
     losses, accuracies = [], []

@@ -1,18 +1,19 @@
-"""Merging aligned checkpoints (MergeMany for more than two), and BatchNorm statistics reset."""
+"""Merging aligned checkpoints (MergeMany for more than two)."""
 
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass
 
 import torch
 
 from wsym.align.alignment import align, check_same_architecture
+from wsym.align.batchnorm import reset_batchnorm_stats
 from wsym.align.continuous import mismatch
+from wsym.align.interpolate import interpolate
+from wsym.align.repair import repair as repair_fn
 from wsym.errors import WsymInputError
 from wsym.group.spec import SymmetrySpec
-from wsym.models.calling import model_inputs
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,6 @@ def merge(
         aligned, history = trial, [*history, value]
     merged = _mean(aligned, ref)
     if repair:
-        from wsym.align.repair import repair as repair_fn
-
         merged = repair_fn(model, merged, aligned, [1 / len(aligned)] * len(aligned), batches)
     elif reset_batchnorm:
         merged = reset_batchnorm_stats(model, merged, batches)
@@ -143,8 +142,6 @@ def merge(
         return merged
     barriers = ()
     if loss_fn is not None and model is not None and batches is not None:
-        from wsym.align.interpolate import interpolate
-
         barriers = tuple(interpolate(model, sd, merged, batches, loss_fn).barrier for sd in aligned)
     return merged, MergeReport(tuple(aligned), done, tuple(history), barriers)
 
@@ -167,34 +164,3 @@ def _spread(spec: SymmetrySpec, aligned: list[dict]) -> float:
     """``sum_i ||aligned_i - mean||^2`` (the MergeMany objective)."""
     center = _mean(aligned, aligned[0])
     return sum(mismatch(spec, center, sd) for sd in aligned)
-
-
-def reset_batchnorm_stats(model: torch.nn.Module, state_dict: dict, batches) -> dict:
-    """``state_dict`` with every BatchNorm's running statistics recomputed on ``batches``.
-
-    The statistics are computed in the state dict's floating dtype; every other
-    entry is returned as it is.
-    """
-    dtype = next(v.dtype for v in state_dict.values() if v.is_floating_point())
-    net = copy.deepcopy(model).to(dtype)
-    net.load_state_dict(state_dict)
-    norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative average over all batches
-    net.train()
-    with torch.no_grad():
-        for inputs, _ in batches:
-            args, kwargs = model_inputs(net, inputs)
-            args = tuple(
-                a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
-            )
-            net(*args, **kwargs)
-    stats = {
-        f"{name}.{stat}": getattr(m, stat).detach().clone()
-        for name, m in net.named_modules()
-        if m in norms
-        for stat in ("running_mean", "running_var", "num_batches_tracked")
-        if getattr(m, stat, None) is not None
-    }
-    return {**state_dict, **{k: v for k, v in stats.items() if k in state_dict}}

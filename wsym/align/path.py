@@ -32,12 +32,12 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
-from wsym.align.choice import batchnorm_batch_statistics
+from wsym.align.batchnorm import batchnorm_batch_statistics
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
-from wsym.models.calling import eval_mode, model_inputs
+from wsym.models.calling import eval_mode, joined_pairs, model_inputs
 
 STEPS = 100
 LR = 1e-2
@@ -158,17 +158,6 @@ def path_fit(
     if not end < start:
         return []
     return [(i, v.detach()) for i, v in g.components]
-
-
-def joined_pairs(batches: list) -> list:
-    """``batches`` as one ``(inputs, targets)`` where both are tensors of one trailing shape."""
-    if len(batches) < 2 or not all(
-        torch.is_tensor(x) and torch.is_tensor(y) and x.dim() > 0 for x, y in batches
-    ):
-        return batches
-    if any(len({tuple(b[j].shape[1:]) for b in batches}) != 1 for j in (0, 1)):
-        return batches
-    return [(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))]
 
 
 def _exp(spec: SymmetrySpec, i: int, a: torch.Tensor, centered: bool) -> torch.Tensor:

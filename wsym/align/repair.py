@@ -36,6 +36,7 @@ import copy
 import torch
 from torch import nn
 
+from wsym.align.batchnorm import reset_batchnorm_stats
 from wsym.models.calling import model_inputs
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -75,14 +76,14 @@ class Repair:
         }
         has_bn = any(isinstance(m, BATCHNORM) for m in self.model.modules())
         if has_bn:
-            work = _reset_batchnorm(self.model, work, self.batches)
+            work = reset_batchnorm_stats(self.model, work, self.batches)
         for name in self.points:
             mu_m, sigma_m = self._statistics(work, [name])[name]
             mu_t = sum(w * s[name][0] for w, s in zip(weights, self.stats, strict=True))
             sigma_t = sum(w * s[name][1] for w, s in zip(weights, self.stats, strict=True))
             work = _correct(self.model, name, work, mu_m, sigma_m, mu_t, sigma_t)
         if has_bn:
-            work = _reset_batchnorm(self.model, work, self.batches)
+            work = reset_batchnorm_stats(self.model, work, self.batches)
         return {k: v.to(state_dict[k].dtype) if k in state_dict else v for k, v in work.items()}
 
     def _statistics(self, state_dict: dict, names) -> dict:
@@ -197,9 +198,3 @@ def _run(net: nn.Module, inputs):
     dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float64)
     args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
     return net(*args, **kwargs)
-
-
-def _reset_batchnorm(model, sd, batches) -> dict:
-    from wsym.align.merge import reset_batchnorm_stats
-
-    return reset_batchnorm_stats(model, sd, batches)

@@ -403,7 +403,7 @@ def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
     The statistics come from the model in its own dtype; the weights keep the
     merge's precision.
     """
-    from wsym.align.merge import reset_batchnorm_stats
+    from wsym.align.batchnorm import reset_batchnorm_stats
 
     fresh = reset_batchnorm_stats(model, merged, data)
     buffers = {name for name, _ in model.named_buffers()}

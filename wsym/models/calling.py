@@ -65,3 +65,14 @@ def eval_mode(model: torch.nn.Module):
     finally:
         for m, flag in flags.items():
             m.train(flag)
+
+
+def joined_pairs(batches: list) -> list:
+    """``batches`` as one ``(inputs, targets)`` where both are tensors of one trailing shape."""
+    if len(batches) < 2 or not all(
+        torch.is_tensor(x) and torch.is_tensor(y) and x.dim() > 0 for x, y in batches
+    ):
+        return batches
+    if any(len({tuple(b[j].shape[1:]) for b in batches}) != 1 for j in (0, 1)):
+        return batches
+    return [(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))]
