@@ -17,13 +17,6 @@ PACKAGE = Path(wsym.__file__).parent
 
 #: Strongly connected components of the import graph still to be broken.
 CIRCLES = {
-    frozenset(
-        f"wsym.group.{m}"
-        for m in (
-            "acted adversary conserved elements kinds kinds.base kinds.diagonal kinds.finite "
-            "kinds.matrix kinds.modules kinds.translation layout spec verify"
-        ).split()
-    ),
     frozenset({"wsym.metanet.park", "wsym.metanet.predictor"}),
 }
 

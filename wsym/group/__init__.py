@@ -8,6 +8,7 @@ conserved quantities serve the quotient geometry.
 Reads nothing downstream (detection, alignment, geometry, meta-networks read it).
 """
 
+from wsym.group import methods  # noqa: F401  (binds spec.sample/act/conserved/verify)
 from wsym.group.elements import GroupElement, act, sample
 from wsym.group.kinds import KIND_CLASSES, Kind, kind_of
 from wsym.group.spec import KINDS, Group, Leaf, Split, SymmetrySpec, leaves

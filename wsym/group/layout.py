@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from wsym.group.memo import derived
+from wsym.group.registry import kind_of
 from wsym.group.spec import Group, Leaf, Split, SymmetrySpec, leaves
 
 
@@ -292,8 +293,6 @@ def class_params(spec: SymmetrySpec, cls: int, with_buffers: bool = False) -> li
 
 def _slots(spec: SymmetrySpec, group: Group) -> tuple:
     """``((param, block number, part, source axes), ...)``: where :func:`gather` reads."""
-    from wsym.group.kinds import kind_of
-
     diagonal = kind_of(group).diagonal
     exps = dict(group.exponents)
     out = []
@@ -326,8 +325,6 @@ def gather(spec: SymmetrySpec, group: Group, tensors: dict) -> dict[int, Tensor]
 
     Parameters absent from ``tensors`` are skipped; buffers are never read.
     """
-    from wsym.group.kinds import kind_of
-
     diagonal = kind_of(group).diagonal
     parts: dict[int, list] = {0: [], 1: []}
     for p, b, part, src in derived(spec, ("slots", group), lambda: _slots(spec, group)):
@@ -342,8 +339,6 @@ def scatter(spec: SymmetrySpec, group: Group, parts: dict, like: dict) -> dict[s
 
     The inverse of :func:`gather` on the entries it reads, and its adjoint.
     """
-    from wsym.group.kinds import kind_of
-
     diagonal = kind_of(group).diagonal
     dtype = next(iter(parts.values())).dtype
     flat = {p: torch.zeros(like[p].numel(), dtype=dtype) for p in class_params(spec, group.cls)}

@@ -28,7 +28,9 @@ The group -> (parameter, axis) map is stored; the parameter -> groups map is
 derived (:meth:`SymmetrySpec.groups_of`). What each kind means (sampling,
 action, inverse, composition, generators) lives in its class,
 :mod:`wsym.group.kinds`. The spec is an immutable value: memos and the traced
-graph are kept beside it (:mod:`wsym.group.memo`).
+graph are kept beside it (:mod:`wsym.group.memo`). Its actions (``spec.sample``,
+``spec.act``, ``spec.conserved``, ``spec.verify``) are the functions of the modules above
+it, bound as methods by :mod:`wsym.group.methods`: this module imports none of them.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from wsym.errors import WsymInputError
-from wsym.group.fits import check_fits
 from wsym.group.memo import attach_graph, derived, graph_of
+from wsym.group.registry import kind_of
 
 KINDS = (
     "permutation",
@@ -253,40 +255,6 @@ class SymmetrySpec:
             out[g.kind] = out.get(g.kind, 0) + 1
         return out
 
-    # -- actions (implemented in wsym.group.elements) ---------------------
-    def sample(self, seed: int = 0, scale=(1e-2, 1e2), kinds=None):
-        """A random element of the product group (or of the listed ``kinds`` only)."""
-        from wsym.group.elements import sample
-
-        return sample(self, seed=seed, scale=scale, kinds=kinds)
-
-    def act(self, g, state_dict):
-        """The state dict ``g . state_dict``; computes the same function.
-
-        Raises:
-            WsymInputError: a state dict that does not fit the spec, or non-finite values.
-        """
-        from wsym.group.elements import act
-
-        check_fits(self, state_dict, "SymmetrySpec.act")
-
-        return act(self, g, state_dict)
-
-    def conserved(self, state_dict) -> list:
-        """Per continuous group, its conserved quantity of gradient flow at ``state_dict``.
-
-        See :func:`wsym.group.conserved.conserved`.
-        """
-        from wsym.group.conserved import conserved
-
-        return conserved(self, state_dict)
-
-    def verify(self, model, example_inputs, **kwargs):
-        """Per-group largest relative output deviation under random elements."""
-        from wsym.group.verify import verify
-
-        return verify(self, model, example_inputs, **kwargs)
-
     # -- presentation -----------------------------------------------------
     def table(self) -> str:
         """A plain-text table: kind, group, size, count, verified deviation, parameters touched."""
@@ -392,13 +360,6 @@ class SymmetrySpec:
             warnings=tuple(d["warnings"]),
             notes=tuple(tuple(n) for n in d.get("notes", ())),
         )
-
-
-def kind_of(group: Group):
-    """The :class:`~wsym.group.kinds.Kind` of ``group`` (imported lazily: kinds read specs)."""
-    from wsym.group.kinds import kind_of as _kind_of
-
-    return _kind_of(group)
 
 
 def _target_from_json(kind: str, t):

@@ -15,6 +15,7 @@ import torch
 from wsym.group.layout import block_at, block_plan, blocks_with, class_params, gather
 from wsym.group.layout import plan_leaves as _plan_leaves
 from wsym.group.memo import derived
+from wsym.group.registry import kind_of
 from wsym.group.spec import Group, SymmetrySpec
 
 
@@ -66,7 +67,6 @@ def per_class_only(group: Group, who: str) -> None:
     (``unit_matrix``, ``unit_sums``, ``odd_rows``) would treat it as one shared copy.
     """
     from wsym.errors import WsymInputError
-    from wsym.group.kinds import kind_of
 
     if group.index and not kind_of(group).matrix:
         raise WsymInputError(

@@ -29,38 +29,19 @@ from wsym.group.kinds.finite import Permutation
 from wsym.group.kinds.matrix import GL, Orthogonal
 from wsym.group.kinds.modules import ModulePermutation
 from wsym.group.kinds.translation import Translation
+from wsym.group.registry import KIND_CLASSES, kind_of, kinds_where, register
 
-KIND_CLASSES: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Permutation(),
-        Sign(),
-        Scaling(),
-        NormScaling(),
-        GL(),
-        Orthogonal(),
-        Translation(),
-        ModulePermutation(),
-    )
-}
-
-
-def kind_of(group) -> Kind:
-    """The :class:`Kind` of a :class:`~wsym.group.spec.Group` (or of a kind's name)."""
-    name = group if isinstance(group, str) else group.kind
-    try:
-        return KIND_CLASSES[name]
-    except KeyError:
-        raise ValueError(f"unknown group kind {name}") from None
-
-
-def kinds_where(**flags) -> tuple[str, ...]:
-    """Names of the kinds whose class attributes equal ``flags``, e.g. ``continuous=True``."""
-    return tuple(
-        name
-        for name, k in KIND_CLASSES.items()
-        if all(getattr(k, f) == v for f, v in flags.items())
-    )
+for _kind in (
+    Permutation(),
+    Sign(),
+    Scaling(),
+    NormScaling(),
+    GL(),
+    Orthogonal(),
+    Translation(),
+    ModulePermutation(),
+):
+    register(_kind)
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from wsym.group.layout import map_blocks, transform
 from wsym.group.memo import derived
+from wsym.group.registry import kind_of
 from wsym.group.spec import Group, Split, SymmetrySpec, leaves
 
 
@@ -260,8 +261,6 @@ def act_chain(spec: SymmetrySpec, parts: list, state: dict) -> None:
     and one product per axis: the per-block calls then touch vectors, not the
     weights. Reorderings are exact; products agree with block by block to round-off.
     """
-    from wsym.group.kinds import kind_of
-
     fns: dict = {}
     for group, value in parts:  # every part's chain read off the state before any acts
         for keys, part in kind_of(group).chain_parts(spec, group, value, state):
