@@ -21,10 +21,11 @@ with warnings.catch_warnings():  # torch-geometric calls the deprecated torch.ji
 from wsym.metanet.fit import FitConfig, fit
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
+from wsym.metanet.loading import load
 from wsym.metanet.metrics import kendall_tau, r2
 from wsym.metanet.park import ParkPredictor
 from wsym.metanet.park_fit import fit_park
-from wsym.metanet.predictor import Predictor, load
+from wsym.metanet.predictor import Predictor
 
 __all__ = [
     "FitConfig",

@@ -60,6 +60,7 @@ from wsym.detect import detect
 from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
 from wsym.group.verify import float64_probe, screen
+from wsym.metanet.files import write_file
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import (
     AttentionConv,
@@ -481,8 +482,6 @@ class ParkPredictor:
 
     def save(self, path: str | os.PathLike) -> None:
         """One ``.safetensors`` file: tensors + the JSON config and every known spec."""
-        from wsym.metanet.predictor import write_file
-
         texts = [spec_key(s.spec) for s in self.schemas.values()]  # each serialized once
         meta = {"format": PARK_FORMAT, "specs": texts, **self.config}
         if self.space is not None:
@@ -492,7 +491,7 @@ class ParkPredictor:
 
 
 def from_config(config: dict, tensors: dict) -> ParkPredictor:
-    """A :class:`ParkPredictor` from a file's JSON config and tensors (see ``load``)."""
+    """A :class:`ParkPredictor` from a file's JSON config and tensors (see :func:`wsym.metanet.load`)."""
     from wsym.zoo.space import ArchitectureSpace
 
     specs = [SymmetrySpec.from_json(s) for s in config.pop("specs")]

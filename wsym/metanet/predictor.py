@@ -1,4 +1,4 @@
-"""A trained meta-network: its spec, graph schema, network and target scaling; save and load.
+"""A trained meta-network: its spec, graph schema, network and target scaling; save and read back.
 
 A :class:`Predictor` maps state dicts of one architecture to predicted targets
 (e.g. the generalization gap). It is invariant to the whole symmetry group of
@@ -13,22 +13,17 @@ training report) in its metadata under ``"wsym.metanet"``.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
 
 from wsym.errors import WsymInputError, check_finite
 from wsym.group.spec import SymmetrySpec
-from wsym.io.atomic import atomic_path
+from wsym.metanet.files import write_file
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
 from wsym.metanet.layers import WeightGraphNet
 
-META_KEY = "wsym.metanet"
 FORMAT = 3  # 2: per-tensor statistics in the readout; 3: statistics branch
 
 
@@ -128,47 +123,19 @@ class Predictor:
         write_file(path, self.net, meta)
 
 
-def write_file(path: str | os.PathLike, net: torch.nn.Module, meta: dict) -> None:
-    """``net``'s tensors (float32) and ``meta`` as JSON under :data:`META_KEY`, atomically."""
-    path = Path(path)
-    if path.suffix != ".safetensors":
-        raise WsymInputError(f"meta-network files end in .safetensors, got {path.name}")
-    tensors = {k: v.detach().float().contiguous() for k, v in net.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
-
-
-def load(path: str | os.PathLike) -> Predictor:
-    """Read a :class:`Predictor` written by :meth:`Predictor.save` (or a park predictor).
+def from_config(config: dict, tensors: dict, path: str | os.PathLike = "") -> Predictor:
+    """A :class:`Predictor` from a file's JSON config and tensors (see :func:`wsym.metanet.load`).
 
     Raises:
-        WsymInputError: missing file, or not a wsym meta-network file.
+        WsymInputError: a file of another version of the meta-network.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise WsymInputError(f"meta-network file not found: {path}; check the path")
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = (f.metadata() or {}).get(META_KEY)
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise WsymInputError(f"cannot read meta-network {path}: {err}; re-save it") from None
-    if meta is None:
-        raise WsymInputError(
-            f"{path} is a safetensors file but not a wsym meta-network (no {META_KEY!r} metadata)"
-        )
-    config = json.loads(meta)
-    if config.get("format") == "park-1":  # one network for many architectures
-        from wsym.metanet.park import from_config
-
-        return from_config(config, tensors)
+    fmt = config.get("format")
     spec = SymmetrySpec.from_json(config.pop("spec"))
     config.pop("signature", None)
     if config.pop("format", None) != FORMAT:
         raise WsymInputError(
             f"{path} was written by another version of wsym's meta-network (format "
-            f"{json.loads(meta).get('format')}, this wsym reads {FORMAT}); retrain it with "
-            "`wsym metanet train`"
+            f"{fmt}, this wsym reads {FORMAT}); retrain it with `wsym metanet train`"
         )
     schema = GraphSchema.from_spec(spec)
     net = network_for(
