@@ -2,7 +2,7 @@
 
 :func:`~wsym.group.elements.act` applies an element's parts in phases
 (``_schedule``): a fused phase maps each tensor it touches once
-(:func:`~wsym.group.kinds.base.act_chain`), another phase applies its parts one after
+(:func:`~wsym.group.chain.act_chain`), another phase applies its parts one after
 the other. :class:`ActedState` computes entry ``key`` alone by running those steps
 on that tensor only. A step that reads other tensors (a BatchNorm scaling reads the
 running variances, a translation or an expert permutation reads its targets) reads
@@ -33,9 +33,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from wsym.group.chain import _by_axis, _chain
 from wsym.group.elements import GroupElement, _check_state, _schedule
 from wsym.group.kinds import kind_of
-from wsym.group.kinds.base import _by_axis, _chain
 from wsym.group.layout import map_blocks
 from wsym.group.lazy import LazyState
 from wsym.group.spec import SymmetrySpec

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from wsym.errors import WsymInputError
+from wsym.group.chain import act_chain
 from wsym.group.kinds import kind_of
-from wsym.group.kinds.base import act_chain
 from wsym.group.spec import SymmetrySpec
 
 
