@@ -38,8 +38,9 @@ import json
 from dataclasses import asdict, dataclass
 
 from wsym.errors import WsymInputError
-from wsym.group.fits import check_fits
+from wsym.group.fits import check_element, check_fits
 from wsym.group.memo import attach_graph, derived, graph_of
+from wsym.models.arguments import check_module
 
 KINDS = (
     "permutation",
@@ -258,6 +259,15 @@ class SymmetrySpec:
         """A random element of the product group (or of the listed ``kinds`` only)."""
         from wsym.group.elements import sample
 
+        if not (
+            isinstance(scale, tuple | list)
+            and len(scale) == 2
+            and all(isinstance(v, int | float) and 0 < v < float("inf") for v in scale)
+        ):
+            raise WsymInputError(
+                f"scale must be a pair (low, high) of positive numbers, got {scale!r}; "
+                "pass e.g. scale=(0.1, 10)"
+            )
         return sample(self, seed=seed, scale=scale, kinds=kinds)
 
     def act(self, g, state_dict):
@@ -268,6 +278,7 @@ class SymmetrySpec:
         """
         from wsym.group.elements import act
 
+        check_element(g, "SymmetrySpec.act")
         check_fits(self, state_dict, "SymmetrySpec.act")
 
         return act(self, g, state_dict)
@@ -279,12 +290,14 @@ class SymmetrySpec:
         """
         from wsym.group.conserved import conserved
 
+        check_fits(self, state_dict, "SymmetrySpec.conserved")
         return conserved(self, state_dict)
 
     def verify(self, model, example_inputs, **kwargs):
         """Per-group largest relative output deviation under random elements."""
         from wsym.group.verify import verify
 
+        check_module(model, "SymmetrySpec.verify")
         return verify(self, model, example_inputs, **kwargs)
 
     # -- presentation -----------------------------------------------------
