@@ -137,6 +137,7 @@ class Drawn(nn.Module):
         self.head = nn.Linear(out, 2)
 
     def forward(self, x):
+        """Blocks, mean over positions (sequence, conv), head."""
         h = self.body(x)
         if self.family != "vector":
             h = h.mean(dim=2 if self.family == "conv" else 1)
