@@ -57,6 +57,10 @@ CALLS = {
     "teleport a state dict": (lambda: wsym.teleport(SD, SPEC, B, CE), "a state dict"),
     "teleport on a tensor": (lambda: wsym.teleport(MLP, SPEC, X, CE), "got Tensor"),
     "verify a number": (lambda: SPEC.verify(42, X), "SymmetrySpec.verify needs a torch.nn"),
+    "verify on wrong inputs": (
+        lambda: SPEC.verify(MLP, torch.randn(3, 5)),
+        "the model fails on the example inputs in float64",
+    ),
     "act with a number": (lambda: SPEC.act(42, SD), "needs a GroupElement, got int"),
     "act with None": (lambda: SPEC.act(None, SD), "needs a GroupElement, got NoneType"),
     "sample at a bad scale": (lambda: SPEC.sample(scale=5), r"scale must be a pair"),

@@ -86,11 +86,23 @@ def check_runs(
         with torch.no_grad():
             model(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - reported to the user as one line
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise WsymInputError(
-            f"the model fails on {what} ({type(err).__name__}: {msg}); "
-            "pass inputs of the shape and dtype its forward expects"
-        ) from err
+        raise model_failure(err, what) from err
 
 
-__all__ = ["check_batches", "check_loss", "check_module", "check_runs", "check_state_dict"]
+def model_failure(err: BaseException, what: str = "the example inputs") -> WsymInputError:
+    """The one line saying that the model's forward failed on ``what``, and the fix."""
+    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return WsymInputError(
+        f"the model fails on {what} ({type(err).__name__}: {msg}); "
+        "pass inputs of the shape and dtype its forward expects"
+    )
+
+
+__all__ = [
+    "check_batches",
+    "check_loss",
+    "check_module",
+    "check_runs",
+    "check_state_dict",
+    "model_failure",
+]
