@@ -43,9 +43,11 @@ from wsym.align.precision import RECOVERED, working, working_dtype
 from wsym.align.settled import is_chain, settled_start
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
+from wsym.group.fits import check_spec
 from wsym.group.kinds import kind_of, kinds_where
 from wsym.group.kinds.modules import refuse_modules
 from wsym.group.spec import SymmetrySpec
+from wsym.models.arguments import check_state_dict
 
 # Canonicalized before matching: every kind but the permutations. Sign conventions read off
 # two different networks need not agree unit by unit, so weight matching also matches signs
@@ -513,6 +515,9 @@ def _dtype_of(sd: dict) -> torch.dtype:
 def check_same_architecture(spec: SymmetrySpec, *state_dicts: dict) -> None:
     """One-line errors for state dicts that do not fit ``spec`` or hold NaNs."""
     different = "checkpoints of different architectures?"
+    check_spec(spec, "wsym.align")
+    for i, sd in enumerate(state_dicts):
+        check_state_dict(sd, "wsym.align", f"checkpoint {i + 1}")
     for key, dims in spec.layouts:
         shape = tuple(t.size for t in dims)
         for i, sd in enumerate(state_dicts):

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from wsym.align.repair import Repair
+from wsym.errors import WsymInputError
+from wsym.models.arguments import check_batches, check_loss, check_module, check_state_dict
 from wsym.models.evaluate import evaluate
 
 
@@ -98,7 +100,21 @@ def interpolate(
             the BatchNorm statistics recomputed.
         repair_batches: batches to measure the statistics on (default ``batches``).
     """
-    batches = list(batches)
+    who = "wsym.interpolate"
+    check_module(model, who)
+    check_state_dict(sd_a, who, "sd_a")
+    check_state_dict(sd_b, who, "sd_b")
+    for k, v in sd_a.items():
+        if k not in sd_b or tuple(sd_b[k].shape) != tuple(v.shape):
+            got = tuple(sd_b[k].shape) if k in sd_b else "no entry"
+            raise WsymInputError(
+                f"{k} has shape {tuple(v.shape)} in sd_a and {got} in sd_b; pass two state "
+                "dicts of the same architecture"
+            )
+    batches = check_batches(batches, who)
+    check_loss(loss_fn, who)
+    if not isinstance(steps, int) or steps < 2:
+        raise WsymInputError(f"steps must be an integer >= 2, got {steps!r}; pass e.g. steps=11")
     alphas = [i / (steps - 1) for i in range(steps)]
     fix = None
     if repair:

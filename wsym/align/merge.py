@@ -95,6 +95,11 @@ def merge(
         >>> max(float((merged[k] - sd[k]).abs().max()) for k in sd) < 1e-9
         True
     """
+    if isinstance(state_dicts, dict | torch.nn.Module) or not isinstance(state_dicts, list | tuple):
+        raise WsymInputError(
+            f"wsym.merge needs a list of state dicts, got {type(state_dicts).__name__}; "
+            "pass [model_a.state_dict(), model_b.state_dict(), ...]"
+        )
     if len(state_dicts) < 2:
         raise WsymInputError("merge needs at least two state dicts")
     check_same_architecture(spec, *state_dicts)

@@ -19,6 +19,7 @@ from wsym.detect.tracing.export import record_trace, trace
 from wsym.detect.tracing.networkx import to_networkx
 from wsym.detect.tracing.traced import Traced
 from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.group.fits import check_spec
 from wsym.group.spec import SymmetrySpec
 from wsym.group.verify import float64_probe, screen, tied_keys
 
@@ -33,6 +34,7 @@ def spec_or_detect(spec: SymmetrySpec | None, model, example_inputs, who: str) -
         who: the caller's name, for the error message.
     """
     if spec is not None:
+        check_spec(spec, who)
         return spec
     if example_inputs is None:
         raise WsymInputError(

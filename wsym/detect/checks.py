@@ -6,6 +6,7 @@ import torch
 
 from wsym.detect.tracing.traced import Traced
 from wsym.errors import WsymInputError, check_finite
+from wsym.models.arguments import check_module
 
 
 def check_model(model, example_inputs) -> None:
@@ -20,13 +21,7 @@ def check_model(model, example_inputs) -> None:
         ...
         wsym.errors.WsymInputError: wsym.detect needs a torch.nn.Module, got dict ...
     """
-    if not isinstance(model, torch.nn.Module):
-        kind = type(model).__name__
-        hint = " (a state dict?)" if isinstance(model, dict) else ""
-        raise WsymInputError(
-            f"wsym.detect needs a torch.nn.Module, got {kind}{hint}; pass the model itself "
-            "(wrap a function in an nn.Module whose parameters it uses)"
-        )
+    check_module(model, "wsym.detect", finite=False)
     if next(iter(model.parameters()), None) is None:
         raise WsymInputError(
             f"{type(model).__name__} has no parameters, so no parameter-space symmetries; "

@@ -5,6 +5,25 @@ from __future__ import annotations
 import torch
 
 from wsym.errors import WsymInputError, check_finite
+from wsym.models.arguments import check_state_dict
+
+
+def check_spec(spec, who: str) -> None:
+    """Raise a one-line :class:`~wsym.errors.WsymInputError` unless ``spec`` is a SymmetrySpec."""
+    if not hasattr(spec, "layouts") or not hasattr(spec, "groups"):  # not a SymmetrySpec
+        raise WsymInputError(
+            f"{who} needs a SymmetrySpec, got {type(spec).__name__}; "
+            "pass spec=wsym.detect(model, inputs) (or SymmetrySpec.from_json(text))"
+        )
+
+
+def check_element(g, who: str) -> None:
+    """Raise a one-line :class:`~wsym.errors.WsymInputError` unless ``g`` is a group element."""
+    if not hasattr(g, "components") or not hasattr(g, "parts"):
+        raise WsymInputError(
+            f"{who} needs a GroupElement, got {type(g).__name__}; "
+            "pass spec.sample(seed=...) (or a GroupElement of the spec's groups)"
+        )
 
 
 def check_fits(spec, state_dict, who: str) -> None:
@@ -24,16 +43,8 @@ def check_fits(spec, state_dict, who: str) -> None:
         ...
         wsym.errors.WsymInputError: the state dict passed to wsym.canonicalize has no entry ...
     """
-    if not hasattr(spec, "layouts") or not hasattr(spec, "groups"):  # not a SymmetrySpec
-        raise WsymInputError(
-            f"{who} needs a SymmetrySpec, got {type(spec).__name__}; "
-            "pass spec=wsym.detect(model, inputs) (or SymmetrySpec.from_json(text))"
-        )
-    if isinstance(state_dict, torch.nn.Module) or not isinstance(state_dict, dict):
-        raise WsymInputError(
-            f"{who} needs a state dict (a dict of tensors), got {type(state_dict).__name__}; "
-            "pass model.state_dict()"
-        )
+    check_spec(spec, who)
+    check_state_dict(state_dict, who)
     for key, dims in spec.layouts:
         if key not in state_dict:
             raise WsymInputError(
@@ -50,4 +61,4 @@ def check_fits(spec, state_dict, who: str) -> None:
     check_finite(state_dict, f"the state dict passed to {who}")
 
 
-__all__ = ["check_fits"]
+__all__ = ["check_element", "check_fits", "check_spec"]

@@ -21,12 +21,23 @@ from __future__ import annotations
 from wsym.group import conserved as _conserved
 from wsym.group import elements
 from wsym.group import verify as _verify
-from wsym.group.fits import check_fits
+from wsym.errors import WsymInputError
+from wsym.group.fits import check_element, check_fits
 from wsym.group.spec import SymmetrySpec
+from wsym.models.arguments import check_module
 
 
 def sample(self: SymmetrySpec, seed: int = 0, scale=(1e-2, 1e2), kinds=None):
     """A random element of the product group (or of the listed ``kinds`` only)."""
+    if not (
+        isinstance(scale, tuple | list)
+        and len(scale) == 2
+        and all(isinstance(v, int | float) and 0 < v < float("inf") for v in scale)
+    ):
+        raise WsymInputError(
+            f"scale must be a pair (low, high) of positive numbers, got {scale!r}; "
+            "pass e.g. scale=(0.1, 10)"
+        )
     return elements.sample(self, seed=seed, scale=scale, kinds=kinds)
 
 
@@ -36,6 +47,7 @@ def act(self: SymmetrySpec, g, state_dict):
     Raises:
         WsymInputError: a state dict that does not fit the spec, or non-finite values.
     """
+    check_element(g, "SymmetrySpec.act")
     check_fits(self, state_dict, "SymmetrySpec.act")
     return elements.act(self, g, state_dict)
 
@@ -45,11 +57,13 @@ def conserved(self: SymmetrySpec, state_dict) -> list:
 
     See :func:`wsym.group.conserved.conserved`.
     """
+    check_fits(self, state_dict, "SymmetrySpec.conserved")
     return _conserved.conserved(self, state_dict)
 
 
 def verify(self: SymmetrySpec, model, example_inputs, **kwargs):
     """Per-group largest relative output deviation under random elements."""
+    check_module(model, "SymmetrySpec.verify")
     return _verify.verify(self, model, example_inputs, **kwargs)
 
 

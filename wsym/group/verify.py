@@ -45,6 +45,7 @@ from wsym.group.lazy import (
     scale_of,
 )
 from wsym.group.spec import SymmetrySpec
+from wsym.models.arguments import model_failure
 from wsym.models.calling import eval_mode, model_inputs
 
 # float inputs are probed at these multiples of fresh random inputs
@@ -279,7 +280,7 @@ def float64_probe(
         probe.reference(probe.generic)
     except RuntimeError as err:
         if "Double" not in str(err) and "float64" not in str(err):
-            raise
+            raise model_failure(err, "the example inputs in float64") from err
         line = str(err).strip().splitlines()[0][:160]
         warnings.warn(
             f"the model cannot run in float64 ({line}); verified in float32 instead",

@@ -60,10 +60,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from wsym.errors import SymmetryWarning, WsymInputError, check_finite
+from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
+from wsym.models.arguments import check_batches, check_loss, check_module
 from wsym.models.calling import eval_mode
 from wsym.sharpness.curvature.hutchinson import probe_chunks
 from wsym.sharpness.curvature.objective import as_double, batch_weights, call
@@ -156,7 +157,7 @@ def _differentiable_copy(model: nn.Module) -> nn.Module:
     return copied
 
 
-def _check(objective, steps, lr, tol, batches) -> None:
+def _check(objective, steps, lr, tol) -> None:
     if objective not in OBJECTIVES:
         raise WsymInputError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
     if not isinstance(steps, int) or steps < 1:
@@ -164,8 +165,6 @@ def _check(objective, steps, lr, tol, batches) -> None:
     for name, value in (("lr", lr), ("tol", tol)):
         if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
             raise WsymInputError(f"{name} must be a positive number, got {value!r}")
-    if not batches:
-        raise WsymInputError("batches is empty; pass a list of (inputs, targets)")
 
 
 def teleport(
@@ -204,9 +203,10 @@ def teleport(
     Raises:
         WsymInputError: bad arguments, or a spec without the continuous groups needed.
     """
-    batches = list(batches)
-    _check(objective, steps, lr, tol, batches)
-    check_finite(model.state_dict())
+    check_module(model, "wsym.teleport")
+    batches = check_batches(batches, "wsym.teleport")
+    check_loss(loss_fn, "wsym.teleport")
+    _check(objective, steps, lr, tol)
     from wsym.detect import spec_or_detect
 
     spec = spec_or_detect(spec, model, batches[0][0], "wsym.teleport")

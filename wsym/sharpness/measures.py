@@ -60,9 +60,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from wsym.errors import SymmetryWarning, WsymInputError, check_finite
+from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.group.fits import check_fits
 from wsym.group.spec import SymmetrySpec
-from wsym.models.calling import eval_mode
+from wsym.models.arguments import check_batches, check_loss, check_module, check_runs
+from wsym.models.calling import eval_mode, model_inputs
 from wsym.sharpness import tangent
 from wsym.sharpness.curvature.objective import as_dtype, batch_size, call
 from wsym.sharpness.gauge import balanced
@@ -181,7 +183,7 @@ def average_case(
     return float(pairs.mean()), err
 
 
-def _check(batches, measure, rho, steps) -> None:
+def _check(measure, rho, steps) -> None:
     if measure not in MEASURES:
         raise WsymInputError(
             f"unknown sharpness measure {measure!r}; use one of {', '.join(MEASURES)}"
@@ -190,8 +192,6 @@ def _check(batches, measure, rho, steps) -> None:
         raise WsymInputError(f"rho must be a positive number, got {rho!r}; pass e.g. rho=0.05")
     if not isinstance(steps, int) or steps < 1:
         raise WsymInputError(f"steps must be a positive integer, got {steps!r}")
-    if not batches:
-        raise WsymInputError("batches is empty; pass a list of (inputs, targets)")
 
 
 def _curvature(measure, model64, batches64, loss_fn, seed, options) -> float:
@@ -262,13 +262,18 @@ def sharpness(
         >>> s >= 0
         True
     """
-    batches = list(batches)
-    _check(batches, measure, rho, steps)
+    check_module(model, "wsym.sharpness")
+    batches = check_batches(batches, "wsym.sharpness")
+    check_loss(loss_fn, "wsym.sharpness")
+    if spec is not None:
+        check_fits(spec, model.state_dict(), "wsym.sharpness")
+    _check(measure, rho, steps)
     check_micro_batch(micro_batch)
     dtype = _working_dtype(dtype)
-    check_finite(model.state_dict())
     work = copy.deepcopy(model).to(dtype)
     batches_w = [(as_dtype(x, dtype), as_dtype(y, dtype)) for x, y in batches]
+    with eval_mode(work):
+        check_runs(work, *model_inputs(work, batches_w[0][0]), "the batches' inputs")
     if measure in ("hessian-trace", "lambda-max", "fisher"):
         if measure == "fisher":  # probes and sampled labels in canonical coordinates
             options = {"spec": _spec_of(model, batches, spec), **options}

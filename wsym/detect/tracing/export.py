@@ -29,6 +29,7 @@ import torch
 from wsym.detect.tracing.record import dynamic_shape_error, record
 from wsym.detect.tracing.traced import Traced
 from wsym.errors import SymmetryWarning, WsymInputError
+from wsym.models.arguments import check_runs
 from wsym.models.calling import eval_mode, model_inputs
 
 LOG = logging.getLogger("wsym.detect.tracing")
@@ -148,19 +149,6 @@ def _needs_functionalization(graph: torch.fx.Graph) -> bool:
     return False
 
 
-def _check_runs(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    """Raise a one-line error if the model cannot run on the example inputs at all."""
-    try:
-        with torch.no_grad():
-            model(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001 - reported to the user as one line
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise WsymInputError(
-            f"the model fails on the example inputs ({type(err).__name__}: {msg}); "
-            "pass inputs of the shape and dtype its forward expects"
-        ) from err
-
-
 def record_trace(model: torch.nn.Module, example_inputs) -> Traced:
     """Record the ATen calls of ``model`` (in eval mode) on ``example_inputs``.
 
@@ -180,7 +168,7 @@ def record_trace(model: torch.nn.Module, example_inputs) -> Traced:
             raise
         except Exception as err:  # noqa: BLE001
             LOG.debug("recording the ATen calls failed", exc_info=err)
-            _check_runs(model, args, kwargs)
+            check_runs(model, args, kwargs)
             return trace(model, example_inputs)
     if traced.value_reads:
         warnings.warn(
@@ -206,7 +194,7 @@ def trace(model: torch.nn.Module, example_inputs) -> Traced:
                 warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights")
                 ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as export_error:  # noqa: BLE001
-            _check_runs(model, args, kwargs)
+            check_runs(model, args, kwargs)
             return _fallback(model, args, kwargs, export_error)
         if _needs_functionalization(ep.graph):
             ep = ep.run_decompositions({})
