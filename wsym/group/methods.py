@@ -18,10 +18,10 @@ Example:
 
 from __future__ import annotations
 
+from wsym.errors import WsymInputError
 from wsym.group import conserved as _conserved
 from wsym.group import elements
 from wsym.group import verify as _verify
-from wsym.errors import WsymInputError
 from wsym.group.fits import check_element, check_fits
 from wsym.group.spec import SymmetrySpec
 from wsym.models.arguments import check_module
