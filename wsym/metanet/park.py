@@ -491,7 +491,7 @@ class ParkPredictor:
 
 
 def from_config(config: dict, tensors: dict) -> ParkPredictor:
-    """A :class:`ParkPredictor` from a file's JSON config and tensors (:func:`wsym.metanet.load`)."""
+    """A :class:`ParkPredictor` from a JSON config and tensors (:func:`wsym.metanet.load`)."""
     from wsym.zoo.space import ArchitectureSpace
 
     specs = [SymmetrySpec.from_json(s) for s in config.pop("specs")]
