@@ -26,7 +26,8 @@ Example:
     >>> import torch
     >>> x = torch.randn(200, 6, dtype=torch.float64)
     >>> d = TrainingDistribution.fit(x)
-    >>> bool(d.check(x[:1])["out_of_distribution"]), bool(d.check(50 + x[:1])["out_of_distribution"])
+    >>> far = d.check(50 + x[:1])["out_of_distribution"]
+    >>> bool(d.check(x[:1])["out_of_distribution"]), bool(far)
     (False, True)
 """
 
@@ -80,7 +81,11 @@ class TrainingDistribution:
     def check(self, x: Tensor) -> dict:
         """``{"out_of_distribution", "distance", "threshold"}`` of the first row of ``x``."""
         d = float(self.distance(x[:1])[0])
-        return {"out_of_distribution": d > self.threshold, "distance": d, "threshold": self.threshold}
+        return {
+            "out_of_distribution": d > self.threshold,
+            "distance": d,
+            "threshold": self.threshold,
+        }
 
     def to_json(self) -> dict:
         """Plain lists and floats (the predictor file's metadata)."""
