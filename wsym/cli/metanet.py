@@ -52,6 +52,7 @@ examples:
 _PREDICT_EXAMPLE = """\
 examples:
   wsym predict --checkpoint net.safetensors --model wsym:mlp
+  wsym predict --checkpoint digits.safetensors --model wsym:mlp --config d_in=64 --input 8,64
   wsym predict --checkpoint net.pt --metanet my-metanet.safetensors --json
 """
 
@@ -100,6 +101,11 @@ def add_commands(commands: Any) -> None:
     pred.add_argument("--checkpoint", required=True, metavar="FILE", help="weights to read")
     pred.add_argument("--model", metavar="SPEC", help="model spec the checkpoint must fit")
     pred.add_argument("--config", default="", metavar="K=V,...", help="builder config")
+    pred.add_argument(
+        "--input",
+        metavar="SHAPE",
+        help="example input shape for --model's detection, e.g. 8,64 (default: the zoo's)",
+    )
     pred.add_argument("--metanet", metavar="FILE", help="meta-network (default: the shipped one)")
     pred.add_argument("--json", action="store_true", help="print the result as JSON")
     pred.set_defaults(handler=run_predict)
@@ -331,35 +337,79 @@ def run_predict(args: argparse.Namespace) -> int:
     from wsym.io.checkpoint import load_state_dict
     from wsym.metanet import load
 
+    if args.input and not args.model:
+        raise WsymInputError("--input needs --model SPEC (the model the input shape feeds)")
     paths = [Path(args.metanet)] if args.metanet else [p for p in DEFAULT_METANETS if p.is_file()]
     if not paths:
         raise WsymInputError(f"no shipped meta-network in {MODELS}; pass --metanet FILE")
     sd = load_state_dict(args.checkpoint)
-    model = None
-    if args.model:
-        from wsym.io.checkpoint import check_compatible
-        from wsym.models.registry import build_model, parse_config
-
-        model = build_model(args.model, parse_config(args.config))
-        check_compatible(model.state_dict(), sd, args.checkpoint)
+    head = _model_or_spec(args, sd) if args.model else None
     for i, path in enumerate(paths):
         try:
-            gap = _predict(load(path), model, sd)
+            predictor = load(path)
+            gap = _predict(predictor, head, sd)
             break
-        except WsymInputError:
-            if i == len(paths) - 1:
-                raise
+        except WsymInputError as err:
+            if i < len(paths) - 1:
+                continue
+            if args.model and not args.input and "example inputs" in str(err):
+                raise WsymInputError(f"{err}; or pass --input SHAPE (e.g. 8,64)") from None
+            raise
+    novelty = _novelty(predictor, head, sd)
+    flag = None if novelty is None else novelty["out_of_distribution"]
     if args.json:
-        print(json.dumps({"checkpoint": args.checkpoint, "metanet": str(path), "gap": gap}))
+        out = {"checkpoint": args.checkpoint, "metanet": str(path), "gap": gap}
+        out["out_of_distribution"] = flag
+        if novelty is not None:
+            out.update(distance=novelty["distance"], threshold=novelty["threshold"])
+        print(json.dumps(out))
+        return EXIT_OK
+    print(f"predicted generalization gap: {gap:.4f} ({path.name})")
+    if novelty is None:
+        print("out of distribution: unknown (this meta-network file stores no training statistics)")
+    elif flag:
+        print(
+            f"out of distribution: YES, distance {novelty['distance']:.2f} > threshold "
+            f"{novelty['threshold']:.2f} (the training members' 99th percentile): the "
+            "checkpoint is unlike every member the meta-network learned from; do not trust "
+            "the prediction"
+        )
     else:
-        print(f"predicted generalization gap: {gap:.4f} ({path.name})")
+        print(
+            f"out of distribution: no (distance {novelty['distance']:.2f}, threshold "
+            f"{novelty['threshold']:.2f})"
+        )
     return EXIT_OK
 
 
-def _predict(predictor: Any, model: Any, sd: dict) -> float:
+def _model_or_spec(args: argparse.Namespace, sd: dict) -> Any:
+    """The ``--model`` built and checked against ``sd``; with ``--input``, its detected spec."""
+    from wsym.io.checkpoint import check_compatible
+    from wsym.models.registry import build_model, example_inputs, parse_config, parse_input_shape
+
+    config = parse_config(args.config)
+    shape = parse_input_shape(args.input) if args.input else None
+    model = build_model(args.model, config)
+    check_compatible(model.state_dict(), sd, args.checkpoint)
+    if shape is None:
+        return model
+    import wsym
+
+    return wsym.detect(model, example_inputs(args.model, shape, model=model, config=config, seed=0))
+
+
+def _predict(predictor: Any, head: Any, sd: dict) -> float:
     """One checkpoint's predicted gap; a park predictor reads any architecture given its model."""
     from wsym.metanet.park import ParkPredictor
 
-    if isinstance(predictor, ParkPredictor) and model is not None:
-        return float(predictor.predict((model, sd)))
+    if isinstance(predictor, ParkPredictor) and head is not None:
+        return float(predictor.predict((head, sd)))
     return float(predictor.predict(sd))
+
+
+def _novelty(predictor: Any, head: Any, sd: dict) -> dict | None:
+    from wsym.metanet.park import ParkPredictor
+
+    if isinstance(predictor, ParkPredictor) and head is not None:
+        return predictor.novelty((head, sd))
+    return predictor.novelty(sd)

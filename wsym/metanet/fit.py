@@ -38,6 +38,7 @@ from wsym.group.spec import SymmetrySpec
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.layers import log_beyond, stat_input
 from wsym.metanet.metrics import kendall_tau, pairwise_rank_loss
+from wsym.metanet.novelty import TrainingDistribution
 from wsym.metanet.predictor import Predictor, network_for
 from wsym.metanet.statistics import train_vector_model
 
@@ -199,6 +200,7 @@ def fit(
         c.tree_depth,
     )
     whole = batch_graphs(graphs)
+    meta["novelty"] = TrainingDistribution.fit(stat_input(whole)).to_json()
     net.edge_enc.fit(log_beyond(whole.edge_attr).float(), whole.edge_type)
     net.attr_enc.fit(log_beyond(whole.attr_val).float(), whole.attr_type)
     stat_tau, blend_taus, stat_seconds = statistics_stage(

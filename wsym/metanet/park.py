@@ -70,6 +70,7 @@ from wsym.metanet.layers import (
     VirtualNode,
     mlp,
 )
+from wsym.metanet.novelty import TrainingDistribution
 from wsym.metanet.statistics import QuantileNormal, StatisticsEnsemble
 from wsym.metanet.universal import (
     ATTR_ROLES,
@@ -474,6 +475,23 @@ class ParkPredictor:
             index = torch.tensor(owner)
             y = scatter(y, index, 0, dim_size=int(index.max()) + 1, reduce="mean")
         return y[0] if single else y
+
+    def novelty(self, member) -> dict | None:
+        """Whether ``member`` lies outside the training members' weight statistics.
+
+        ``{"out_of_distribution": bool, "distance", "threshold"}``
+        (:class:`~wsym.metanet.novelty.TrainingDistribution`; a bare state dict that
+        several architectures read: the nearest reading), or ``None`` for a file
+        written before wsym stored those statistics (unknown).
+        """
+        from wsym.metanet.graph import batch_graphs
+
+        dist = TrainingDistribution.from_json(self.config.get("novelty"))
+        if dist is None:
+            return None
+        schemas, sd = self._schemas(member, 0)
+        checks = [dist.check(batch_graphs([self.graph_of(s, sd, 0)]).stat_x) for s in schemas]
+        return min(checks, key=lambda c: c["distance"])
 
     def double(self) -> ParkPredictor:
         """Run the network in float64 (for invariance checks at round-off level)."""

@@ -42,6 +42,7 @@ from wsym.metanet.fit import (
 )
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.metrics import kendall_tau
+from wsym.metanet.novelty import TrainingDistribution
 from wsym.metanet.park import ParkPredictor, network_of
 
 
@@ -164,6 +165,7 @@ def fit_park(
     meta.update(target_mean=mean.tolist(), target_std=std.tolist())
     z = (z - mean) / std
     whole = batch_graphs(graphs)
+    meta["novelty"] = TrainingDistribution.fit(whole.stat_x).to_json()
     net.fit_inputs(whole)
     x = x_val = z_val = None  # the statistics branch's inputs, unless it is left out
     if branches != "graph":

@@ -22,7 +22,8 @@ from wsym.group.spec import SymmetrySpec
 from wsym.metanet.files import write_file
 from wsym.metanet.graph import GraphSchema, batch_graphs
 from wsym.metanet.invariant import invariant_form
-from wsym.metanet.layers import WeightGraphNet
+from wsym.metanet.layers import WeightGraphNet, stat_input
+from wsym.metanet.novelty import TrainingDistribution
 
 FORMAT = 3  # 2: per-tensor statistics in the readout; 3: statistics branch
 
@@ -106,6 +107,18 @@ class Predictor:
         single = isinstance(state_dicts, dict)
         y = self.predict_graphs(self.graphs([state_dicts] if single else list(state_dicts)))
         return y[0] if single else y
+
+    def novelty(self, state_dict: dict) -> dict | None:
+        """Whether ``state_dict`` lies outside the training members' weight statistics.
+
+        ``{"out_of_distribution": bool, "distance", "threshold"}``
+        (:class:`~wsym.metanet.novelty.TrainingDistribution`), or ``None`` for a file
+        written before wsym stored those statistics (unknown).
+        """
+        dist = TrainingDistribution.from_json(self.config.get("novelty"))
+        if dist is None:
+            return None
+        return dist.check(stat_input(batch_graphs(self.graphs([state_dict]))))
 
     def double(self) -> Predictor:
         """Run the network in float64 (for invariance checks at round-off level)."""
