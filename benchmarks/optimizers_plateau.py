@@ -27,9 +27,10 @@ Then the paired differences per seed: LLQR+SAM - SAM, LLQR+SAM - LLQR and SAM - 
 with their sign counts.
 
 Run (from the repository root):
-    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py            # 5 seeds, 4 tasks
-    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --seeds 1 --tasks digits-mlp-noise --max-steps 200
-    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --table    # rebuild the table from the jsonl
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py          # 5 seeds, 4 tasks
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --seeds 1 \
+        --tasks digits-mlp-noise --max-steps 200 --out /tmp/smoke.jsonl     # smoke run
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --table  # table of the jsonl
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--max-steps", type=int, default=1500)
+    parser.add_argument("--max-steps", type=int, default=2500)
     parser.add_argument("--decay", type=float, default=None, help="lr factor at the plateau")
     parser.add_argument("--out", type=Path, default=JSONL, help="runs, one JSON per line")
     parser.add_argument("--table", action="store_true", help="print the table of --out only")
