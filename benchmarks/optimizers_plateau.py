@@ -28,8 +28,8 @@ with their sign counts.
 
 Run (from the repository root):
     PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py          # 5 seeds, 4 tasks
-    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --seeds 1 \
-        --tasks digits-mlp-noise --max-steps 200 --out /tmp/smoke.jsonl     # smoke run
+    PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --seeds 1 --max-steps 100 \\
+        --out /tmp/smoke.jsonl                                        # smoke run
     PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py --table  # table of the jsonl
 """
 
