@@ -11,13 +11,15 @@ All wrap a base optimizer and take a closure (zero grads, loss, backward, return
 
 The two-pass step lives in :class:`~wsym.optim.base.SharpnessAware`;
 :func:`~wsym.optim.transport.transport_state` moves an optimizer's state along a group
-element (teleportation).
+element (teleportation); :class:`~wsym.optim.plateau.Plateau` is the stopping rule
+"train to the plateau" of the benchmarks.
 """
 
 from wsym.optim.base import SharpnessAware
 from wsym.optim.geosam import GeoSAM
 from wsym.optim.learned import LQRPreconditioner
 from wsym.optim.llqr import LLQR, LLQRSAM
+from wsym.optim.plateau import Plateau
 from wsym.optim.precondition import DiagonalFisher, FixedDiagonal, KroneckerFisher, Preconditioner
 from wsym.optim.sam import ASAM, SAM, FisherSAM
 
@@ -32,6 +34,7 @@ __all__ = [
     "GeoSAM",
     "KroneckerFisher",
     "LQRPreconditioner",
+    "Plateau",
     "Preconditioner",
     "SharpnessAware",
 ]
