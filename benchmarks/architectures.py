@@ -231,7 +231,7 @@ def _check(model, inputs, spec, dtype) -> tuple[float, bool]:
 
 
 def recovery(model, spec) -> tuple[float, float]:
-    """``(relative distance of align(A, g . A) to A, CPU seconds)``, float64, g of the whole group."""
+    """``(relative distance of align(A, g . A) to A, CPU seconds)``, float64, g: whole group."""
     sd = {
         k: v.detach().double() if v.is_floating_point() else v
         for k, v in model.state_dict().items()

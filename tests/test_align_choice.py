@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import wsym
+from wsym.align.alignment import RECOVERY_ONLY
 from wsym.align.choice import path_objective
 from wsym.align.continuous import mismatch
-from wsym.models.networks import MLP, CNN1d, ResidualCNN
+from wsym.models.networks import MLP, CNN1d, ResidualCNN, TinyTransformer
 
 
 def double(sd):
@@ -27,36 +28,57 @@ def pair(make, seed_b=1):
     return a, double(a.state_dict()), double(b.state_dict())
 
 
-def test_default_objective_is_never_above_a_candidate():
-    model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
-    spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
-    moved, report = wsym.align(sd_a, sd_b, spec, continuous="auto", with_report=True)
-    assert report.objective == "weights"
-    assert set(report.values) == {"settled", "identity", "canonical"}
-    assert report.values[report.chosen] == min(report.values.values())
-    value = mismatch(spec, sd_a, moved)
-    for continuous in ("reference", "canonical", "canonical+reference"):
-        other = wsym.align(sd_a, sd_b, spec, continuous=continuous)
-        assert value <= mismatch(spec, sd_a, other) * (1 + 1e-12)
+PAIRS = {
+    "mlp": (lambda: MLP(6, [12, 12], 3), lambda g: torch.randn(32, 6, generator=g)),
+    "bn-cnn": (lambda: CNN1d(channels=6), lambda g: torch.randn(32, 40, generator=g)),
+    "transformer": (
+        lambda: TinyTransformer(patch=4, seq=6, dim=8, heads=2, depth=1, hidden=12),
+        lambda g: torch.randn(32, 6, 4, generator=g),
+    ),
+}
 
 
-def test_default_with_data_keeps_the_lowest_path_loss():
-    model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
-    spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
+def data_pair(name):
+    make, inputs = PAIRS[name]
+    model, sd_a, sd_b = pair(make)
     gen = torch.Generator().manual_seed(0)
-    batches = [
-        (torch.randn(32, 6, generator=gen).double(), torch.randint(0, 3, (32,), generator=gen))
-    ]
-    moved, report = wsym.align(
-        sd_a, sd_b, spec, continuous="auto", model=model, batches=batches, with_report=True
+    x = inputs(gen).double()
+    with torch.no_grad():
+        classes = model(x).shape[-1]
+    batches = [(x, torch.randint(0, classes, (32,), generator=gen))]
+    return model, sd_a, sd_b, wsym.detect(model, x[:4]), batches
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_default_objective_is_never_above_a_candidate(name):
+    """Without data: the weight objective, never above a reference start's or the options'."""
+    model, sd_a, sd_b, spec, _ = data_pair(name)
+    moved, report = wsym.align(sd_a, sd_b, spec, with_report=True)
+    assert report.objective == "weights"
+    assert {"identity", "canonical"} <= set(report.values)
+    ranked = {k: v for k, v in report.values.items() if k not in RECOVERY_ONLY}
+    assert report.values[report.chosen] == min(ranked.values())
+    value = mismatch(spec, sd_a, moved)
+    assert value == pytest.approx(report.values[report.chosen], rel=1e-9)
+    assert value <= mismatch(spec, sd_a, wsym.align(sd_a, sd_b, spec, continuous="reference")) * (
+        1 + 1e-12
     )
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_default_with_data_keeps_the_lowest_path_loss(name):
+    """With data: the path loss, never above any candidate's or any other method's."""
+    model, sd_a, sd_b, spec, batches = data_pair(name)
+    moved, report = wsym.align(sd_a, sd_b, spec, model=model, batches=batches, with_report=True)
     assert report.objective == "path"
-    assert {"activations", "activations+weights"} <= set(report.values)
+    assert {"identity", "canonical", "canonical once", "activations"} <= set(report.values)
     best = path_objective(model, sd_a, moved, batches)
     assert best == pytest.approx(min(report.values.values()), rel=1e-9)
-    for method in ("weights", "activations", "activations+weights"):
+    options = [("weights", c) for c in ("reference", "canonical", "canonical+reference")]
+    options += [(m, "reference") for m in ("activations", "activations+weights")]
+    for method, continuous in options:
         other = wsym.align(
-            sd_a, sd_b, spec, method, continuous="reference", model=model, batches=batches
+            sd_a, sd_b, spec, method, continuous=continuous, model=model, batches=batches
         )
         assert best <= path_objective(model, sd_a, other, batches) + 1e-12
 

@@ -79,10 +79,13 @@ AUTO = {
 # the lowest weight-matching objective on every MLP pair of benchmarks/alignment.py and higher
 # barriers than the settled start there (docs/merging.md).
 RECOVERY_ONLY = frozenset({"canonical"})
+# With the path loss also these: name -> (method, continuous, residual); "canonical once" is
+# continuous="canonical" (no refinement: the best of all on the BN CNN pairs, issue #33).
 DATA_CANDIDATES = {
-    "activations+weights": ("activations+weights", "permutation"),
-    "activations": ("activations", "permutation"),
-    "rotation act": ("activations", "rotation"),
+    "canonical once": ("weights", "canonical", "permutation"),
+    "activations+weights": ("activations+weights", "reference", "permutation"),
+    "activations": ("activations", "reference", "permutation"),
+    "rotation act": ("activations", "reference", "rotation"),
 }
 # "activations+weights": activation matching's permutations as the start of weight matching,
 # which then moves every class (the "activations" method holds the classes with a site).
@@ -267,9 +270,9 @@ def _candidates(spec, method, residual, model, batches) -> dict:
     out = {name: (method, cont, residual, settle) for name, (cont, settle) in AUTO.items()}
     if not (method == "weights" and is_chain(spec, plans(spec))):
         out.pop("settled")  # the settled start runs only there: the same as the identity start
-    if model is not None and batches and method == "weights":
-        for name, (meth, res) in DATA_CANDIDATES.items():
-            out[name] = (meth, "reference", res, False)  # a stream it cannot rotate: passed over
+    if has_targets(model, batches) and method == "weights":
+        for name, (meth, cont, res) in DATA_CANDIDATES.items():
+            out[name] = (meth, cont, res, False)  # a stream it cannot rotate: passed over
     return out
 
 
@@ -317,8 +320,8 @@ def _one_alignment(
         moved = _canonical_alignment(spec, ref_w, other_w, method, **options)
         if continuous == "canonical+reference":
             moved = reference_alignment(spec, ref_w, moved, method, **options)
-            if path_loss is not None:
-                moved = _refined(spec, model, ref_w, moved, batches, path_loss, seed)
+        if path_loss is not None:  # "canonical" refined only as the default's candidate
+            moved = _refined(spec, model, ref_w, moved, batches, path_loss, seed)
     return _like(moved, out_like)
 
 
