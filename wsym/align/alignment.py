@@ -46,6 +46,7 @@ from wsym.align.continuous import continuous_descent, mismatch, squared_norm
 from wsym.align.matching import plans, procrustes, weight_matching
 from wsym.align.precision import RECOVERED, working, working_dtype
 from wsym.align.settled import is_chain, settled_start
+from wsym.align.signature import signature_start
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
 from wsym.group.kinds import kind_of, kinds_where
@@ -73,12 +74,15 @@ CONTINUOUS = ("auto", "reference", "canonical", "canonical+reference")
 AUTO = {
     "settled": ("reference", True),
     "identity": ("reference", False),
+    "signature": ("signature+reference", False),  # canonical, from sorted unit signatures
     "canonical": ("canonical+reference", False),
 }
-# Without the path loss, these win only by landing on the reference: the canonical start has
-# the lowest weight-matching objective on every MLP pair of benchmarks/alignment.py and higher
-# barriers than the settled start there (docs/merging.md).
-RECOVERY_ONLY = frozenset({"canonical"})
+# These win only by landing on the reference: "signature" always (a start for planted copies,
+# wsym.align.signature); without the path loss also "canonical", which has the lowest
+# weight-matching objective on every MLP pair of benchmarks/alignment.py and higher barriers
+# than the settled start there (docs/merging.md).
+RECOVERY_ONLY = frozenset({"signature"})
+RECOVERY_ONLY_WITHOUT_DATA = RECOVERY_ONLY | {"canonical"}
 # With the path loss also these: name -> (method, continuous, residual); "canonical once" is
 # continuous="canonical" (no refinement: the best of all on the BN CNN pairs, issue #33).
 DATA_CANDIDATES = {
@@ -148,8 +152,9 @@ def align(
             residual stream) ``"activations"`` with ``residual="rotation"``; the
             objective is the weight-matching one without data and the loss along
             the path (statistics reset) with batches of ``(inputs, targets)``;
-            a candidate on ``sd_ref`` (to 1e-8 relative) wins outright. Without the
-            path loss the canonical candidate wins only so (``RECOVERY_ONLY``).
+            a candidate on ``sd_ref`` (to 1e-8 relative) wins outright; the
+            ``"signature"`` start (:mod:`wsym.align.signature`, for planted copies)
+            and, without the path loss, the canonical candidate win only so.
             ``"reference"``: from the raw weights (from the
             canonical alignment where a checkpoint is far from balanced, see
             ``IMBALANCE``), the
@@ -256,7 +261,7 @@ def align(
         model=model,
         batches=batches,
         loss_fn=loss_fn,
-        recovery_only=frozenset() if has_targets(model, batches) else RECOVERY_ONLY,
+        recovery_only=RECOVERY_ONLY if has_targets(model, batches) else RECOVERY_ONLY_WITHOUT_DATA,
     )
     if path_loss is not None:
         moved = run(*cands[report.chosen])
@@ -317,8 +322,9 @@ def _one_alignment(
             moved = _refined(spec, model, ref, moved, batches, path_loss, seed)
         moved = act(spec, g_ref.inverse(), moved)
     else:
-        moved = _canonical_alignment(spec, ref_w, other_w, method, **options)
-        if continuous == "canonical+reference":
+        signature = continuous == "signature+reference"  # the default's candidate only
+        moved = _canonical_alignment(spec, ref_w, other_w, method, signature=signature, **options)
+        if continuous.endswith("+reference"):
             moved = reference_alignment(spec, ref_w, moved, method, **options)
         if path_loss is not None:  # "canonical" refined only as the default's candidate
             moved = _refined(spec, model, ref_w, moved, batches, path_loss, seed)
@@ -481,15 +487,21 @@ def _check_option(name, value, choices, noun, needs, continuous, model, batches)
 
 
 def _canonical_alignment(
-    spec: SymmetrySpec, sd_ref: dict, sd_other: dict, method: str, **options
+    spec: SymmetrySpec, sd_ref: dict, sd_other: dict, method: str, signature=False, **options
 ) -> dict:
-    """Both canonicalized in the continuous groups, matched, expressed in ``sd_ref``'s basis."""
+    """Both canonicalized in the continuous groups, matched, expressed in ``sd_ref``'s basis.
+
+    ``signature``: weight matching starts from the units paired by their sorted
+    signatures (:mod:`wsym.align.signature`), not from the identity.
+    """
     max_iter, seed = options["max_iter"], options["seed"]
     dtype = _dtype_of(sd_ref)
     ref, g_ref = canonical_element(sd_ref, spec, kinds=NO_PERMUTATION, tol=CANON_TOL, dtype=dtype)
     other, _ = canonical_element(sd_other, spec, kinds=NO_PERMUTATION, tol=CANON_TOL, dtype=dtype)
+    if signature:
+        other = act(spec, signature_start(spec, ref, other), other)
     if method == "weights":
-        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed)
+        perms = weight_matching(spec, ref, other, max_iter=max_iter, seed=seed, warm=signature)
     else:
         perms, matched = activation_matching(spec, options["model"], ref, other, options["batches"])
         other = act(spec, GroupElement(tuple(perms)), other)
