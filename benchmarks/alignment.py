@@ -74,10 +74,11 @@ import torch
 from torch.nn import functional as F
 
 import wsym
-from wsym.align.alignment import _float64, weight_matching
 from wsym.align.batchnorm import reset_batchnorm_stats
+from wsym.align.choice import _float64
 from wsym.align.continuous import mismatch
 from wsym.align.interpolate import Curve
+from wsym.align.matching import weight_matching
 from wsym.group.elements import GroupElement, act
 from wsym.io.datasets import load
 from wsym.models.evaluate import evaluate
@@ -295,9 +296,9 @@ def curve_json(curve: Curve) -> dict:
 
 ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, rebasin torch seed)
 ALIGNERS = {
-    "wsym": {"method": "weights", "continuous": "reference"},  # the default
-    "wsym auto": {"method": "weights", "continuous": "auto", "data": False},  # chosen, no data
-    "wsym auto data": {"method": "weights", "continuous": "auto"},  # chosen by the path loss
+    "wsym": {"method": "weights", "continuous": "auto"},  # the default: chosen by the path loss
+    "wsym reference": {"method": "weights", "continuous": "reference"},  # the previous default
+    "wsym no data": {"method": "weights", "continuous": "auto", "data": False},  # chosen by D
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym biases matched": {"method": "weights", "continuous": "reference", "biases": "matched"},
     "wsym activations": {"method": "activations", "continuous": "reference"},
@@ -322,8 +323,8 @@ ALIGNERS = {
 }
 REPAIRED = (
     "wsym",
-    "wsym auto data",
-    "wsym auto",
+    "wsym reference",
+    "wsym no data",
     "wsym biases matched",
     "wsym act+weights",
     "wsym rotation",
@@ -458,8 +459,8 @@ def seconds(runs: list[dict]) -> float | None:
 
 COLUMNS = (
     "wsym",
-    "wsym auto data",
-    "wsym auto",
+    "wsym reference",
+    "wsym no data",
     "wsym canonical",
     "wsym biases matched",
     "wsym activations",
@@ -493,8 +494,8 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             label,
             f"{naive_r:.3f}",
             cell(ms["wsym"], key, naive_r, stars),
-            cell(ms["wsym auto data"], key, naive_r, stars),
-            cell(ms["wsym auto"], key, naive_r, stars),
+            cell(ms["wsym reference"], key, naive_r, stars),
+            cell(ms["wsym no data"], key, naive_r, stars),
             "",
             cell(ms["wsym biases matched"], key, naive_r),
             "",
@@ -537,7 +538,10 @@ def report(results: list[dict], orders: int) -> None:
         print_table(results, split)
     print(
         "\n* the aligned model B computes a different function (relative output change > 1e-3)."
-        "\nwsym: wsym.align(method='weights') (continuous groups fitted to A);"
+        "\nwsym: wsym.align(method='weights', model=, batches=), the default continuous='auto'"
+        " (the candidate with the lowest loss along the path); wsym reference:"
+        " continuous='reference' (the previous default); wsym no data: 'auto' without data"
+        " (lowest weight-matching objective);"
         " wsym canonical: continuous='canonical';"
         "\nwsym biases matched: biases='matched' (the previous default: every parameter in the"
         " matching's scores);"
@@ -573,11 +577,11 @@ def report(results: list[dict], orders: int) -> None:
                 spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
                 parts.append(f"{name} {statistics.median(values):.1f}{spread}")
         print(f"  {res['name']:<12} " + ", ".join(parts))
-    print("\ncontinuous='auto': the chosen candidate per order (without data; with the batches)")
+    print("\ncontinuous='auto': the chosen candidate per order (with the batches; without data)")
     for res in results:
         parts = [
             f"{name}: " + ", ".join(r.get("chosen", "?") for r in res["methods"][name])
-            for name in ("wsym auto", "wsym auto data")
+            for name in ("wsym", "wsym no data")
             if res["methods"].get(name)
         ]
         print(f"  {res['name']:<12} " + "; ".join(parts))

@@ -22,6 +22,14 @@ scale=(0.1, 10))`` for two seeds and compares float64 outputs on the example
 inputs, on fresh random inputs and on the fresh inputs scaled by 20 (float inputs
 only). A claim is false above ``1e-10`` relative (``1e-5`` for models that compute
 parts in float32 whatever the weights' dtype, found by watching their dtypes).
+
+Exact recovery (``recovery``): the float64 state dict moved by ``spec.sample(seed=0,
+scale=(0.1, 10))`` (every kind of the whole group) is aligned back by the default
+``wsym.align(A, g . A, spec, dtype=torch.float64)``; the model fails above ``1e-8``
+relative distance to ``A``. ``--recovery`` adds the column to models already recorded
+(detection is run again for the spec; the other columns are kept)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/architectures.py --recovery --family torchvision
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ GOAL_PASSES, GOAL_SECONDS = 20, 3.0
 # is the median of three warm runs, and other jobs on the machine only ever add time
 REPEATS = 3
 GOAL_MEMORY, MEMORY_SLACK_MB = 4.0, 256  # x float64 model size, or a fixed allowance
+RECOVERED = 1e-8  # relative distance of align(A, g . A) to A in float64
 
 
 from architectures_models import FAMILIES  # noqa: E402  (next to this script)
@@ -221,6 +230,42 @@ def _check(model, inputs, spec, dtype) -> tuple[float, bool]:
     return worst, low.seen
 
 
+def recovery(model, spec) -> tuple[float, float]:
+    """``(relative distance of align(A, g . A) to A, CPU seconds)``, float64, g: whole group."""
+    sd = {
+        k: v.detach().double() if v.is_floating_point() else v
+        for k, v in model.state_dict().items()
+    }
+    moved = spec.act(spec.sample(seed=0, scale=(0.1, 10)), sd)
+    start = time.process_time()
+    back = wsym.align(sd, moved, spec, dtype=torch.float64)
+    seconds = time.process_time() - start
+    num = den = 0.0
+    for k, v in sd.items():
+        if v.is_floating_point():
+            num += float((back[k].double() - v).pow(2).sum())
+            den += float(v.pow(2).sum())
+    return (num / max(den, 1e-300)) ** 0.5, seconds
+
+
+def add_recovery(row: dict, model, spec) -> None:
+    """``row`` with the recovery columns (``recovery``, ``recovery_s``; or ``recovery_error``)."""
+    if row.get("status") != "ok" or not spec.groups:
+        return
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIMEOUT)
+    try:
+        row["recovery"], row["recovery_s"] = recovery(model, spec)
+    except Exception as err:  # noqa: BLE001 - reported in the table
+        row["recovery_error"] = _line(err)
+    finally:
+        signal.alarm(0)
+
+
+def recovery_failed(r) -> bool:
+    return "recovery_error" in r or r.get("recovery", 0.0) > RECOVERED
+
+
 def _scale(x):
     return 20 * x if torch.is_tensor(x) and x.is_floating_point() else x
 
@@ -300,6 +345,8 @@ def run_one(name: str, build) -> dict:
         row.update(status="error", message=_line(err))
     finally:
         signal.alarm(0)
+    if row.get("status") == "ok":
+        add_recovery(row, model, spec)
     row["passes"] = row.get("detect_s", 0.0) / max(row["forward_s"], 1e-9)
     own = row.get("detect_s", 0.0) - row.get("trace_s", 0.0)
     row["passes_without_trace"] = own / max(row["forward_s"], 1e-9)
@@ -373,9 +420,9 @@ def table(rows: dict) -> str:
     out.append("")
     out.append(
         "| family | models | ok | false claims | errors | skipped | over time "
-        "| over time without tracing | over memory |"
+        "| over time without tracing | over memory | recovery checked | recovery failures |"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for fam in FAMILIES:
         rs = [r for (f, _), r in rows.items() if f == fam]
         if not rs:
@@ -385,9 +432,11 @@ def table(rows: dict) -> str:
         slow = sum(not within_budget(r) for r in done)
         own = sum(not within_budget(r, tracing=False) for r in done)
         heavy = sum(not within_memory(r) for r in done)
+        tried = [r for r in rs if "recovery" in r or "recovery_error" in r]
+        failed = sum(recovery_failed(r) for r in tried)
         out.append(
             f"| {fam} | {len(rs)} | {c['ok']} | {c['FALSE']} | {c['error']} | {c['skipped']} "
-            f"| {slow} | {own} | {heavy} |"
+            f"| {slow} | {own} | {heavy} | {len(tried)} | {failed} |"
         )
     done = [r for r in rows.values() if "detect_s" in r]
     for key, label in (
@@ -426,9 +475,9 @@ def table(rows: dict) -> str:
     out += [
         "",
         "| family | model | status | groups | verified | check | s | trace | passes | own "
-        "| probe | mem | blocked by |",
+        "| probe | mem | recovery | blocked by |",
     ]
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (fam, name), r in sorted(rows.items()):
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.get("kinds", {}).items())) or "-"
         if r["status"] in ("error", "skipped"):
@@ -438,9 +487,30 @@ def table(rows: dict) -> str:
             f"| {r.get('check_dev', 0):.0e} | {r.get('detect_s', 0):.1f} "
             f"| {r.get('trace_s', 0):.1f} | {r.get('passes', 0):.0f} "
             f"| {r.get('passes_without_trace', 0):.0f} | {r.get('probe_passes', 0)} "
-            f"| {r.get('memory_ratio', 0):.1f} | {blocked_by(r)} |"
+            f"| {r.get('memory_ratio', 0):.1f} | {_recovery_cell(r)} | {blocked_by(r)} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _recovery_cell(r) -> str:
+    if "recovery_error" in r:
+        return "error: " + r["recovery_error"][:60].replace("|", "/")
+    if "recovery" not in r:
+        return "-"
+    return f"{r['recovery']:.0e} ({r['recovery_s']:.0f} s)"
+
+
+def recovery_only(fam: str, name: str, build, row: dict) -> dict:
+    """``row`` (a model already recorded) with the recovery columns added."""
+    torch.manual_seed(0)
+    model, inputs = build()
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = wsym.detect(model, inputs)
+    row = {k: v for k, v in row.items() if not k.startswith("recovery")}
+    add_recovery(row, model, spec)
+    return row
 
 
 def main(argv=None) -> int:
@@ -449,6 +519,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument("--fresh", action="store_true", help="redo models already recorded")
     parser.add_argument("--table", action="store_true", help="write the Markdown table and exit")
+    parser.add_argument(
+        "--recovery",
+        action="store_true",
+        help="add the exact-recovery column to recorded models that lack it",
+    )
     parser.add_argument(
         "--results", type=Path, default=RESULTS, help="the checkpoint (JSON lines; --table: .md)"
     )
@@ -463,16 +538,25 @@ def main(argv=None) -> int:
     only = set(args.only.split(",")) if args.only else None
     for fam in args.family or list(FAMILIES):
         for name, build in FAMILIES[fam]().items():
-            if (only and name not in only) or ((fam, name) in rows and not args.fresh):
+            if only and name not in only:
                 continue
-            row = {"family": fam, **run_one(name, build)}
+            if args.recovery:
+                old = rows.get((fam, name))
+                if old is None or old["status"] != "ok" or "recovery" in old and not args.fresh:
+                    continue
+                row = recovery_only(fam, name, build, old)
+            elif (fam, name) in rows and not args.fresh:
+                continue
+            else:
+                row = {"family": fam, **run_one(name, build)}
             rows[(fam, name)] = row
             with args.results.open("w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows.values())
             print(
                 f"{fam:11s} {name:30s} {row['status']:7s} {row.get('detect_s', 0):6.1f}s "
                 f"{row.get('passes', 0):6.0f} passes  mem {row.get('memory_ratio', 0):4.1f}  "
-                f"check {row.get('check_dev', 0):.0e}  {row.get('message', '')}",
+                f"check {row.get('check_dev', 0):.0e}  recovery {_recovery_cell(row)}  "
+                f"{row.get('message', '')}",
                 flush=True,
             )
     return 0

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import wsym
+from wsym.align.alignment import RECOVERY_ONLY, RECOVERY_ONLY_WITHOUT_DATA
 from wsym.align.choice import path_objective
 from wsym.align.continuous import mismatch
-from wsym.models.networks import MLP, CNN1d, ResidualCNN
+from wsym.models.networks import MLP, CNN1d, ResidualCNN, TinyTransformer
 
 
 def double(sd):
@@ -27,36 +28,58 @@ def pair(make, seed_b=1):
     return a, double(a.state_dict()), double(b.state_dict())
 
 
-def test_default_objective_is_never_above_a_candidate():
-    model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
-    spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
-    moved, report = wsym.align(sd_a, sd_b, spec, continuous="auto", with_report=True)
-    assert report.objective == "weights"
-    assert set(report.values) == {"settled", "identity", "canonical"}
-    assert report.values[report.chosen] == min(report.values.values())
-    value = mismatch(spec, sd_a, moved)
-    for continuous in ("reference", "canonical", "canonical+reference"):
-        other = wsym.align(sd_a, sd_b, spec, continuous=continuous)
-        assert value <= mismatch(spec, sd_a, other) * (1 + 1e-12)
+PAIRS = {
+    "mlp": (lambda: MLP(6, [12, 12], 3), lambda g: torch.randn(32, 6, generator=g)),
+    "bn-cnn": (lambda: CNN1d(channels=6), lambda g: torch.randn(32, 40, generator=g)),
+    "transformer": (
+        lambda: TinyTransformer(patch=4, seq=6, dim=8, heads=2, depth=1, hidden=12),
+        lambda g: torch.randn(32, 6, 4, generator=g),
+    ),
+}
 
 
-def test_default_with_data_keeps_the_lowest_path_loss():
-    model, sd_a, sd_b = pair(lambda: MLP(6, [12, 12], 3))
-    spec = wsym.detect(model, torch.randn(2, 6, dtype=torch.float64))
+def data_pair(name):
+    make, inputs = PAIRS[name]
+    model, sd_a, sd_b = pair(make)
     gen = torch.Generator().manual_seed(0)
-    batches = [
-        (torch.randn(32, 6, generator=gen).double(), torch.randint(0, 3, (32,), generator=gen))
-    ]
-    moved, report = wsym.align(
-        sd_a, sd_b, spec, continuous="auto", model=model, batches=batches, with_report=True
+    x = inputs(gen).double()
+    with torch.no_grad():
+        classes = model(x).shape[-1]
+    batches = [(x, torch.randint(0, classes, (32,), generator=gen))]
+    return model, sd_a, sd_b, wsym.detect(model, x[:4]), batches
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_default_objective_is_never_above_a_candidate(name):
+    """Without data: the weight objective, never above a reference start's or the options'."""
+    model, sd_a, sd_b, spec, _ = data_pair(name)
+    moved, report = wsym.align(sd_a, sd_b, spec, with_report=True)
+    assert report.objective == "weights"
+    assert {"identity", "canonical"} <= set(report.values)
+    ranked = {k: v for k, v in report.values.items() if k not in RECOVERY_ONLY_WITHOUT_DATA}
+    assert report.values[report.chosen] == min(ranked.values())
+    value = mismatch(spec, sd_a, moved)
+    assert value == pytest.approx(report.values[report.chosen], rel=1e-9)
+    assert value <= mismatch(spec, sd_a, wsym.align(sd_a, sd_b, spec, continuous="reference")) * (
+        1 + 1e-12
     )
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_default_with_data_keeps_the_lowest_path_loss(name):
+    """With data: the path loss, never above any candidate's or any other method's."""
+    model, sd_a, sd_b, spec, batches = data_pair(name)
+    moved, report = wsym.align(sd_a, sd_b, spec, model=model, batches=batches, with_report=True)
     assert report.objective == "path"
-    assert {"activations", "activations+weights"} <= set(report.values)
+    assert {"identity", "canonical", "canonical once", "activations"} <= set(report.values)
     best = path_objective(model, sd_a, moved, batches)
-    assert best == pytest.approx(min(report.values.values()), rel=1e-9)
-    for method in ("weights", "activations", "activations+weights"):
+    ranked = [v for k, v in report.values.items() if k not in RECOVERY_ONLY]
+    assert best == pytest.approx(min(ranked), rel=1e-9)
+    options = [("weights", c) for c in ("reference", "canonical", "canonical+reference")]
+    options += [(m, "reference") for m in ("activations", "activations+weights")]
+    for method, continuous in options:
         other = wsym.align(
-            sd_a, sd_b, spec, method, continuous="reference", model=model, batches=batches
+            sd_a, sd_b, spec, method, continuous=continuous, model=model, batches=batches
         )
         assert best <= path_objective(model, sd_a, other, batches) + 1e-12
 
@@ -111,3 +134,44 @@ def test_default_recovers_a_planted_element(name, seed):
     assert relative(sd, moved) > 1e-2
     for continuous in ("reference", "auto"):  # the default and the chosen alignment
         assert relative(sd, wsym.align(sd, moved, spec, continuous=continuous)) < 1e-8
+
+
+class Fire(torch.nn.Module):
+    """SqueezeNet's Fire module: a 1x1 squeeze read by a 1x1 and a 3x3 expand, concatenated."""
+
+    def __init__(self, cin, squeeze, expand):
+        super().__init__()
+        self.squeeze = torch.nn.Conv2d(cin, squeeze, 1)
+        self.e1 = torch.nn.Conv2d(squeeze, expand, 1)
+        self.e3 = torch.nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x):
+        x = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.e1(x)), torch.relu(self.e3(x))], 1)
+
+
+def squeezenet(depth=4):
+    """A narrow SqueezeNet (squeeze 2, expand 8), torchvision's initialization."""
+    layers = [torch.nn.Conv2d(3, 12, 3), torch.nn.ReLU(), Fire(12, 2, 8)]
+    layers += [Fire(16, 2, 8) for _ in range(depth - 1)]
+    layers += [torch.nn.Conv2d(16, 5, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()]
+    net = torch.nn.Sequential(*layers)
+    for m in net.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            torch.nn.init.kaiming_uniform_(m.weight)
+            torch.nn.init.zeros_(m.bias)
+    return net
+
+
+@pytest.mark.parametrize("kinds", [["permutation"]])
+def test_default_recovers_a_planted_element_where_matching_stalls(kinds):
+    """Not a chain of layers: from the identity or the canonical start, weight matching stalls."""
+    torch.manual_seed(0)
+    model = squeezenet().double().eval()
+    spec = wsym.detect(model, torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    sd = double(model.state_dict())
+    g = spec.sample(seed=0, kinds=kinds) if kinds else spec.sample(seed=0, scale=(0.1, 10.0))
+    moved = spec.act(g, sd)
+    back, report = wsym.align(sd, moved, spec, with_report=True)
+    assert relative(sd, back) < 1e-8
+    assert report.chosen == "signature"

@@ -16,7 +16,9 @@ the one with the lowest objective it can measure:
   mean ranks the barriers.
 
 A candidate on the reference itself (``D <= 1e-16 ||ref||^2``: a recovered copy)
-wins outright, so a moved copy of the reference is always returned to it.
+wins outright, so a moved copy of the reference is always returned to it. Candidates
+named in ``recovery_only`` win only so: ``wsym.align`` passes its canonical start there
+when it has no path loss (its lower ``D`` gave higher barriers on the MLP pairs).
 """
 
 from __future__ import annotations
@@ -62,7 +64,16 @@ def has_targets(model, batches) -> bool:
     )
 
 
-def choose(spec: SymmetrySpec, ref: dict, candidates, *, model=None, batches=None, loss_fn=None):
+def choose(
+    spec: SymmetrySpec,
+    ref: dict,
+    candidates,
+    *,
+    model=None,
+    batches=None,
+    loss_fn=None,
+    recovery_only=frozenset(),
+):
     """``(moved, AlignReport)``: the candidate with the lowest objective.
 
     Args:
@@ -73,6 +84,8 @@ def choose(spec: SymmetrySpec, ref: dict, candidates, *, model=None, batches=Non
         model: the module, with ``batches`` for the path objective.
         batches: ``(inputs, targets)`` pairs (the path objective where targets are given).
         loss_fn: ``loss_fn(outputs, targets)``, cross-entropy by default.
+        recovery_only: candidates that win only by landing on ``ref`` (their objective
+            is reported, not compared).
 
     Example:
         >>> import torch, wsym
@@ -102,6 +115,8 @@ def choose(spec: SymmetrySpec, ref: dict, candidates, *, model=None, batches=Non
         else:
             value = distance
         values[name] = value
+        if name in recovery_only:
+            continue
         if best is None or value < values[best_name]:
             best, best_name = moved, name
     return best, AlignReport(best_name, "path" if on_path else "weights", values)

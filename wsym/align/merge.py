@@ -39,7 +39,7 @@ def merge(
     spec: SymmetrySpec,
     *,
     method: str = "weights",
-    continuous: str = "reference",
+    continuous: str = "auto",
     residual: str = "permutation",
     refine: str = "none",
     model: torch.nn.Module | None = None,
@@ -66,7 +66,8 @@ def merge(
         state_dicts: two or more state dicts of the architecture ``spec`` describes.
         spec: the :class:`~wsym.group.spec.SymmetrySpec`.
         method: alignment method, ``"weights"``, ``"activations"`` or ``"activations+weights"``.
-        continuous: ``"reference"`` or ``"canonical"`` (see :func:`wsym.align`).
+        continuous: ``"auto"`` (default), ``"reference"``, ``"canonical"`` or
+            ``"canonical+reference"`` (see :func:`wsym.align`).
         residual: ``"permutation"`` or ``"rotation"`` (pre-LN streams, see :func:`wsym.align`).
         refine: ``"none"`` or ``"path"``: each alignment's continuous groups then fitted
             to the loss along the path (needs ``model`` and ``batches`` with targets;

@@ -170,7 +170,7 @@ def _check_continuous(args: argparse.Namespace) -> None:
     """A bad ``--continuous``, ``--residual`` or ``--refine`` in one line, before any work.
 
     An unknown value names the choices; ``--residual rotation`` and ``--refine path``
-    work with ``--continuous reference`` only, need ``--data``, and (``wsym barrier``)
+    work with ``--continuous auto`` or ``reference`` only, need ``--data``, and (``wsym barrier``)
     an alignment.
     """
     options = _continuous_options()
@@ -182,9 +182,9 @@ def _check_continuous(args: argparse.Namespace) -> None:
         value = getattr(args, flag[2:])
         if value == options[flag][0][0]:
             continue
-        if args.continuous != "reference":
+        if args.continuous not in ("auto", "reference"):
             raise WsymInputError(
-                f"{flag} {value} works with --continuous reference, not {args.continuous}"
+                f"{flag} {value} works with --continuous auto or reference, not {args.continuous}"
             )
         _need_data(args, True, f"{flag} {value}")
         if getattr(args, "align", None) == "none":
