@@ -27,7 +27,7 @@ from wsym.metanet.graph import batch_graphs
 from wsym.metanet.layers import stat_input
 from wsym.metanet.novelty import TrainingDistribution
 from wsym.metanet.park import ParkPredictor
-from wsym.metanet.predictor import META_KEY
+from wsym.metanet.files import META_KEY
 from wsym.zoo import load as load_zoo
 
 

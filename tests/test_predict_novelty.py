@@ -12,7 +12,7 @@ import wsym.metanet
 from wsym.cli import main as cli
 from wsym.io import save_state_dict
 from wsym.io.resources import MODELS, ZOOS
-from wsym.metanet.predictor import META_KEY
+from wsym.metanet.files import META_KEY
 from wsym.models.networks import MLP
 from wsym.zoo import load
 
