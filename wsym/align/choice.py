@@ -80,7 +80,9 @@ def choose(
         spec: the :class:`~wsym.group.spec.SymmetrySpec`.
         ref: the reference state dict.
         candidates: ``[(name, thunk)]``, each thunk returning the other state dict
-            aligned to ``ref`` (same function as the other), run in turn.
+            aligned to ``ref`` (same function as the other), run in turn; one that
+            raises :class:`~wsym.errors.WsymInputError` is passed over (raised if none
+            applies).
         model: the module, with ``batches`` for the path objective.
         batches: ``(inputs, targets)`` pairs (the path objective where targets are given).
         loss_fn: ``loss_fn(outputs, targets)``, cross-entropy by default.
@@ -100,11 +102,12 @@ def choose(
     ref64 = _float64(ref)
     scale = mismatch(spec, ref64, {k: torch.zeros_like(v) for k, v in ref64.items()})
     on_path = has_targets(model, batches)
-    values, best, best_name = {}, None, None
+    values, best, best_name, refusal = {}, None, None, None
     for name, thunk in candidates:
         try:
             moved = thunk()
-        except WsymInputError:  # a candidate that does not apply (a stream it cannot rotate)
+        except WsymInputError as err:  # a candidate that does not apply: passed over
+            refusal = err
             continue
         distance = mismatch(spec, ref64, _float64(moved))
         if distance <= RECOVERED * scale:
@@ -119,6 +122,8 @@ def choose(
             continue
         if best is None or value < values[best_name]:
             best, best_name = moved, name
+    if not values and refusal is not None:  # no candidate applied: its reason, not None
+        raise refusal
     return best, AlignReport(best_name, "path" if on_path else "weights", values)
 
 
