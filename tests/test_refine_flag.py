@@ -93,7 +93,7 @@ def test_merge_refuses_a_bad_refine_in_one_line(kwargs, fragment):
         (
             ["merge", *MLP, "A", "A", "--out", "m.pt", "--refine", "path", "--data", "mnist1d"]
             + ["--continuous", "canonical"],
-            "works with --continuous reference",
+            "works with --continuous auto or reference",
         ),
         (["align", *MLP, "A", "A", "--out", "x.pt", "--residual", "spin"], "unknown --residual"),
         (["merge", *MLP, "A", "A", "--out", "m.pt", "--continuous", "x"], "unknown --continuous"),
@@ -104,7 +104,7 @@ def test_merge_refuses_a_bad_refine_in_one_line(kwargs, fragment):
         (
             ["align", *MLP, "A", "A", "--out", "x.pt", "--residual", "rotation"]
             + ["--data", "mnist1d", "--continuous", "canonical"],
-            "--residual rotation works with --continuous reference",
+            "--residual rotation works with --continuous auto or reference",
         ),
         (
             ["barrier", *MLP, "A", "A", "--data", "mnist1d", "--out", "b", "--residual", "rotation"]

@@ -480,7 +480,7 @@ def _check_option(name, value, choices, noun, needs, continuous, model, batches)
         return
     if continuous not in ("auto", "reference"):
         raise WsymInputError(
-            f"{name}={value!r} works with continuous='reference', not {continuous!r}"
+            f"{name}={value!r} works with continuous='reference' or 'auto', not {continuous!r}"
         )
     if model is None or not batches:
         raise WsymInputError(

@@ -48,6 +48,42 @@ amax = _reduce(linear=False)  # max(s x) = s max(x) for s > 0 only
 vector_norm = _reduce(linear=False, invariant="orth")  # |x Q| = |x|
 
 
+def _sorted(size_at=None):
+    """sort / topk along ``dim``: the values are the same for every order of the axis.
+
+    A permutation of the sorted axis leaves the sorted values unchanged; its
+    scales and signs are pinned and no mixing passes (the order of ``s x`` is not
+    the order of ``x``). The kept axes pass as through a maximum (positive scales).
+    The output's sorted axis is a new axis, blocked; where the indices are read,
+    the input's sorted axis is blocked too (they move with a permutation).
+    """
+
+    def rule(ctx: Context, node) -> None:
+        x = node.args[0]
+        lx, in_shape = ctx.layouts[x.name], shape(x)
+        at = 1 if size_at is None else 2
+        d = norm_dim(arg(node, at, "dim", -1), len(in_shape))
+        out_shape = tuple(node.meta["val"][0].shape)
+        read = any(u.args[1] == 1 and u.users for u in node.users)
+        if read:
+            ctx.block_dim(lx[d], "sort indices are read")
+        else:
+            ctx.mark(lx[d], *NONLINEAR)
+            ctx.event([lx[d]], [lx])
+            for system in ("scale", "sign"):
+                ctx.relate(system, [lx[d]], (1,))
+        out = ctx.fresh(out_shape)
+        for i, dx in enumerate(lx):
+            if i == d:
+                ctx.block_dim(out[i], "sorted axis")
+                continue
+            ctx.couple(out[i], dx, sign="zero")
+            ctx.mark(dx, *NONLINEAR)
+        ctx.layouts[node.name] = [out, ctx.fresh(out_shape, "sort indices")]
+
+    return rule
+
+
 def _pool(scale: str, sign: str):
     """Pooling over the trailing spatial axes; batch and channel axes pass through."""
 
@@ -76,6 +112,8 @@ RULES = {
     "aten::mean": mean,
     "aten::sum": mean,
     "aten::amax": amax,
+    "aten::sort": _sorted(),
+    "aten::topk": _sorted(size_at=1),
 }
 REDUCTIONS = set(RULES)
 
