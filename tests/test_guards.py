@@ -84,3 +84,44 @@ def test_too_many_paths_refuse_every_group():
         spec = wsym.detect(Looping(), torch.randn(2, 4))
     assert spec.groups == ()
     assert any("conditional" in note[2] for note in spec.notes)
+
+
+class ReadsANumber(torch.nn.Module):
+    """FarBranch's branch on a value read into Python: ``.item()``, ``float()``, ``.tolist()``."""
+
+    def __init__(self, read):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 256), torch.nn.Linear(256, 2)
+        self.read = read
+
+    def forward(self, x):
+        z = self.a(x)
+        big = x.abs().max()
+        value = {"item": big.item, "float": lambda: float(big), "tolist": big.tolist}[self.read]()
+        return self.b(torch.relu(z) if value < 1e4 else torch.tanh(z))
+
+
+@pytest.mark.parametrize("read", ["item", "float", "tolist"])
+def test_a_value_read_as_a_number_refuses_every_group(read):
+    torch.manual_seed(0)
+    with pytest.warns(SymmetryWarning, match="conditional"):
+        spec = wsym.detect(ReadsANumber(read).double(), torch.randn(5, 64, dtype=torch.float64))
+    assert spec.groups == ()  # main kept the scaling of one branch: 27.8 off at 1e5
+    assert any("into Python as a number" in note[2] for note in spec.notes)
+
+
+class CountsTokens(torch.nn.Module):
+    """A number read from integer inputs alone (a length) branches nothing a group moves."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(10, 6), torch.nn.Linear(6, 2)
+
+    def forward(self, ids):
+        n = int((ids > 0).sum())
+        return self.head(torch.relu(self.embed(ids[:, : max(n, 1)]))).mean(1)
+
+
+def test_a_number_read_from_integer_inputs_keeps_the_groups():
+    spec = wsym.detect(CountsTokens(), torch.randint(0, 10, (2, 5)))
+    assert spec.kinds().get("permutation") == 1

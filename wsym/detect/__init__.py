@@ -86,10 +86,11 @@ def detect(
 def _detect(model, example_inputs, verify: bool, seed: int) -> SymmetrySpec:
     traced = detection_trace(model, example_inputs)  # torch.export makes cyclic garbage
     check_outputs(traced)
-    found = guards.paths(model, example_inputs, traced.guards)
+    why = guards.unexplored(traced)
+    found = None if why else guards.paths(model, example_inputs, traced.guards)
     with _collector_paused():
         spec = find_candidates(traced, model)
-        spec = on_every_branch(spec, model, example_inputs, found)
+        spec = on_every_branch(spec, model, example_inputs, found, why)
     if verify:
 
         def check(s):
@@ -153,12 +154,14 @@ def find_candidates(traced: Traced, model: torch.nn.Module) -> SymmetrySpec:
     return _replace(spec, spec.groups, aliases, [])
 
 
-def on_every_branch(spec: SymmetrySpec, model, example_inputs, found) -> SymmetrySpec:
+def on_every_branch(
+    spec: SymmetrySpec, model, example_inputs, found, why: str | None = None
+) -> SymmetrySpec:
     """The candidates every guard path proposes (:mod:`wsym.detect.guards`).
 
     ``found``: the paths of :func:`~wsym.detect.guards.paths` (``[]``: the trace
     has no value-dependent branch; None: they could not all be explored, and
-    every group is refused as conditional).
+    every group is refused as conditional, for the reason ``why`` if given).
     """
     if found == [] or not spec.groups:
         return spec
@@ -171,7 +174,8 @@ def on_every_branch(spec: SymmetrySpec, model, example_inputs, found) -> Symmetr
             other = find_candidates(traced, model)
             keep &= {guards.signature(other, g) for g in other.groups}
     failed = [i for i, g in enumerate(spec.groups) if guards.signature(spec, g) not in keep]
-    return _drop(spec, failed, None, "not proposed on every branch of a value-dependent guard")
+    why = why or "not proposed on every branch of a value-dependent guard"
+    return _drop(spec, failed, None, why)
 
 
 def verify_on_branches(spec, model, example_inputs, found, seed: int = 0) -> SymmetrySpec:

@@ -15,9 +15,11 @@ answers the guard's read with the chosen value. Every path of outcomes is then
   (:class:`BranchProbe`), whose outputs also carry the guards' own outcomes, so
   that a group which flips a guard (sends an input down another branch) fails.
 
-A model whose paths cannot all be explored (more than :data:`MAX_PATHS`, or a
-forced branch that does not run) keeps no group: each is reported as conditional
-in the spec's notes, never as a symmetry.
+A model whose paths cannot all be explored (more than :data:`MAX_PATHS`, a
+forced branch that does not run, or a value read into Python as a number,
+``x.item() < 100`` or ``x.tolist()``, whose comparisons happen out of torch's
+sight: :attr:`~wsym.detect.tracing.traced.Traced.numbers`) keeps no group: each
+is reported as conditional in the spec's notes, never as a symmetry.
 """
 
 from __future__ import annotations
@@ -115,7 +117,17 @@ def _met(model, example_inputs, forced) -> dict[int, bool] | None:
             traced = record(model, args, kwargs)
     except Exception:  # noqa: BLE001 - a branch the inputs cannot take: refused
         return None
-    return dict(traced.guards)
+    return None if traced.numbers else dict(traced.guards)
+
+
+def unexplored(traced) -> str | None:
+    """Why the branches of ``traced`` cannot be explored (None where they can be forced)."""
+    if traced.numbers:
+        return (
+            f"the forward pass reads {traced.numbers[0]} into Python as a number, so a "
+            "branch on it cannot be forced"
+        )
+    return None
 
 
 def branch_traces(model, example_inputs, found: list[dict[int, bool]]) -> list | None:
@@ -163,4 +175,5 @@ __all__ = [
     "failing_on_branches",
     "paths",
     "signature",
+    "unexplored",
 ]

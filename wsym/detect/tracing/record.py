@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
@@ -38,8 +39,17 @@ FACTORIES = {
     for n in ("new_zeros", "new_ones", "new_empty", "new_full", "zeros_like", "ones_like", "zero")
     for s in ("", "_")
 } | {"empty_like", "full_like"}
-# ops through which a forward pass reads a tensor's value into Python (``if x.sum() > 0``)
-VALUE_READS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
+# ops through which a forward pass reads a tensor's value into Python (``if x.sum() > 0``,
+# ``if torch.equal(a, b)``)
+VALUE_READS = (
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::equal",
+    "aten::allclose",
+)
+# Tensor methods that hand a tensor's values to Python without an ATen call
+EXPORTS = (torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__)
 
 
 def _shape_only(x):
@@ -97,6 +107,7 @@ class _Recorder(TorchDispatchMode):
         self.tainted = WeakIdKeyDictionary()  # bases written (through a view) with such values
         self.slices = WeakIdKeyDictionary()  # view -> (base, slice arguments), one level deep
         self.guards: list = []  # (node name, outcome) of each boolean value read, in call order
+        self.numbers: list = []  # nodes whose value the forward read as a number (``x.item()``)
 
     def _constant(self, x: torch.Tensor):
         node = self.graph.placeholder(f"constant_{self.constants}")
@@ -131,8 +142,11 @@ class _Recorder(TorchDispatchMode):
         name = func._schema.name.split("::")[-1]
         node = self.graph.create_node("call_function", func, *arg_nodes, name=name)
         node.meta["val"] = _map(_shape_only, out)
-        if isinstance(out, bool) and func._schema.name in VALUE_READS:
-            self.guards.append((node.name, out))  # ``if t:`` and ``bool(t)`` (guards.py)
+        if func._schema.name in VALUE_READS:
+            if isinstance(out, bool):
+                self.guards.append((node.name, out))  # ``if t:`` and ``bool(t)`` (guards.py)
+            else:
+                self.numbers.append(node.name)  # ``x.item() < 100``: no outcome to force
         if name not in FACTORIES and any(n.name in self.dependent for n in node.all_input_nodes):
             self.dependent.add(node.name)
             if func._schema.is_mutable:  # the written storage now holds such values
@@ -249,6 +263,19 @@ def _versions_after(func, args, out) -> list[int]:
     return versions
 
 
+class _Exports(TorchFunctionMode):
+    """Note the tensors whose values the forward hands to Python (``x.tolist()``, numpy)."""
+
+    def __init__(self, recorder: _Recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in EXPORTS and args and args[0] in self.recorder.nodes:
+            self.recorder.numbers.append(self.recorder.nodes[args[0]][0].name)
+        return func(*args, **(kwargs or {}))
+
+
 def record(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
     """Trace ``model(*args, **kwargs)`` by recording its ATen calls (under ``no_grad``)."""
     return _record(model, args, kwargs)[0]
@@ -284,14 +311,16 @@ def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
             nodes[t] = (node, _version(t))
             inputs.append(node.name)
     recorder = _Recorder(graph, nodes, {*parameters, *buffers, *inputs}, keep)
-    with torch.no_grad(), recorder:
+    with torch.no_grad(), recorder, _Exports(recorder):
         out = model(*args, **kwargs)
     leaves = [recorder._node(x) for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
     graph.output(tuple(leaves))
     reads = _value_reads(graph, set(inputs) | set(parameters))
     floats = {n.name for n in graph.nodes if n.op == "placeholder" and _is_float(n)}
-    valued = set(_value_reads(graph, floats - {n for n in floats if n.startswith("constant_")}))
+    sources = floats - {n for n in floats if n.startswith("constant_")}
+    valued = set(_value_reads(graph, sources))
     guards = tuple((i, out) for i, (name, out) in enumerate(recorder.guards) if name in valued)
+    numbers = _reaching(graph, recorder.numbers, sources)
     graph.eliminate_dead_code()
     traced = Traced(
         graph=graph,
@@ -300,6 +329,7 @@ def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
         inputs=tuple(inputs),
         value_reads=tuple(reads),
         guards=guards,
+        numbers=numbers,
     )
     return traced, recorder.kept
 
@@ -307,6 +337,23 @@ def _record(model, args, kwargs, keep=frozenset()) -> tuple[Traced, dict]:
 def _is_float(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+def _reaching(graph: torch.fx.Graph, names, sources: set) -> tuple[str, ...]:
+    """The nodes of ``names`` (in order, once each) computed from a node of ``sources``."""
+    by_name = {n.name: n for n in graph.nodes}
+    found = []
+    for name in dict.fromkeys(names):
+        stack, seen = [by_name[name]], set()
+        while stack:
+            n = stack.pop()
+            if n.name in sources:
+                found.append(name)
+                break
+            if n.name not in seen:
+                seen.add(n.name)
+                stack.extend(n.all_input_nodes)
+    return tuple(found)
 
 
 def _value_reads(graph: torch.fx.Graph, sources: set) -> list[str]:

@@ -24,6 +24,10 @@ class Traced:
             tensor is computed from float inputs, weights or float buffers: the
             branches the trace took (positions count every boolean value read in
             call order; :mod:`wsym.detect.guards` explores the other outcomes).
+        numbers: nodes whose value, computed from float inputs, weights or float
+            buffers, the forward pass read into Python as a number (``x.item()``,
+            ``float(x)``, ``x.tolist()``): a branch on it cannot be forced, so
+            detection refuses every group of such a trace.
     """
 
     graph: torch.fx.Graph
@@ -33,3 +37,4 @@ class Traced:
     program: object = field(default=None, compare=False, repr=False)
     value_reads: tuple[str, ...] = ()
     guards: tuple[tuple[int, bool], ...] = ()
+    numbers: tuple[str, ...] = ()
