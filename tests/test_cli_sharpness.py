@@ -117,70 +117,7 @@ def test_adaptive_is_invariant_to_rescaling_euclidean_is_not(capsys, files):
 
 @pytest.mark.filterwarnings("ignore::wsym.errors.SymmetryWarning")
 def test_geodesic_detects_the_spec_from_data(capsys, files):
-    code, out, err = run(
-        capsys, "sharpness", *MLP, "--checkpoint", files["a"], "--measure", "geodesic-mix"
-    )
-    assert code == 0, err
-    assert math.isfinite(float(out.split()[1]))
-
-
-@pytest.mark.parametrize("rho", ["0", "-0.1", "nan"])
-def test_rho_not_positive_exits_2(capsys, files, rho):
-    code, out, err = run(
-        capsys,
-        *["sharpness", *MLP, "--checkpoint", files["a"], "--measure", "adaptive"],
-        f"--rho={rho}",
-    )
-    assert code == 2 and out == ""
-    assert_one_error_line(err)
-    assert "--rho" in err
-
-
-def test_unknown_measure_exits_2(capsys, files):
-    code, _, err = run(capsys, "sharpness", *MLP, "--measure", "flatness")
-    assert code == 2
-    assert "invalid choice" in err
-
-
-def test_bad_checkpoint_exits_2(capsys, tmp_path):
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint")
-    for path in [bad, tmp_path / "missing.safetensors"]:
-        code, out, err = run(
-            capsys, "sharpness", *MLP, "--checkpoint", path, "--measure", "adaptive"
-        )
-        assert code == 2 and out == ""
-        assert_one_error_line(err)
-
-
-def test_checkpoint_of_another_model_exits_2(capsys, tmp_path):
-    torch.manual_seed(0)
-    other = tmp_path / "other.safetensors"
-    save_state_dict(build_model("wsym:mlp", {"d_in": 20}).state_dict(), other)
-    code, _, err = run(capsys, "sharpness", *MLP, "--checkpoint", other, "--measure", "adaptive")
-    assert code == 2
-    assert_one_error_line(err)
-
-
-def test_float32_micro_batched_matches_the_default(capsys, files):
-    ref = value(capsys, files["a"], "adaptive")
-    code, out, err = run(
-        capsys,
-        *["sharpness", *MLP, "--checkpoint", files["a"], "--measure", "adaptive", "--json"],
-        *["--dtype", "float32", "--micro-batch", "16"],
-    )
-    assert code == 0, err
-    report = json.loads(out)
-    assert report["dtype"] == "float32" and report["micro_batch"] == 16
-    assert abs(report["value"] - ref) <= 1e-4 * abs(ref)
-
-
-def test_micro_batch_not_positive_exits_2(capsys, files):
-    code, out, err = run(
-        capsys,
-        *["sharpness", *MLP, "--checkpoint", files["a"], "--measure", "adaptive"],
-        "--micro-batch=0",
-    )
-    assert code == 2 and out == ""
-    assert_one_error_line(err)
-    assert "--micro-batch" in err
+    """Detected from the data's inputs, the quotient makes the value blind to the rescaling."""
+    geodesic = [value(capsys, files[name], "geodesic-mix") for name in ("a", "rescaled")]
+    assert geodesic[0] > 0
+    assert geodesic[1] == pytest.approx(geodesic[0], rel=1e-6)
