@@ -23,11 +23,11 @@ from safetensors.torch import load_file, safe_open, save_file
 
 from wsym.io.atomic import atomic_path
 from wsym.metanet import load
+from wsym.metanet.files import META_KEY
 from wsym.metanet.graph import batch_graphs
 from wsym.metanet.layers import stat_input
 from wsym.metanet.novelty import TrainingDistribution
 from wsym.metanet.park import ParkPredictor
-from wsym.metanet.files import META_KEY
 from wsym.zoo import load as load_zoo
 
 

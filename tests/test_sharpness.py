@@ -201,7 +201,9 @@ def test_singular_block_is_finite(detected):
         worst = sharpness(model, batches, loss, spec=spec, measure=measure)
         assert 0 < worst < 10 * adaptive  # finite, and of the adaptive measure's order
         # the average over random directions: below the worst case (it may be negative)
-        assert abs(sharpness(model, batches, loss, spec=spec, measure=measure, average=True)) < worst
+        assert (
+            abs(sharpness(model, batches, loss, spec=spec, measure=measure, average=True)) < worst
+        )
 
 
 def test_block_with_fewer_rows_than_its_size_is_left_out():

@@ -86,7 +86,7 @@ AUTO = {
 RECOVERY_ONLY = frozenset({"signature"})
 RECOVERY_ONLY_WITHOUT_DATA = RECOVERY_ONLY | {"canonical"}
 # With the path loss also these: name -> (method, continuous, residual); "canonical once" is
-# continuous="canonical" (no refinement: the best of all on the BN CNN pairs, issue #33).
+# continuous="canonical" (no refinement: the best of all on the BN CNN pairs).
 DATA_CANDIDATES = {
     "canonical once": ("weights", "canonical", "permutation"),
     "activations+weights": ("activations+weights", "reference", "permutation"),

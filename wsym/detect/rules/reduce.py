@@ -49,7 +49,7 @@ vector_norm = _reduce(linear=False, invariant="orth")  # |x Q| = |x|
 
 
 def _sorted(size_at=None):
-    """sort / topk along ``dim``: the values are the same for every order of the axis.
+    """Sort / topk along ``dim``: the values are the same for every order of the axis.
 
     A permutation of the sorted axis leaves the sorted values unchanged; its
     scales and signs are pinned and no mixing passes (the order of ``s x`` is not
