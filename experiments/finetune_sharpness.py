@@ -18,7 +18,8 @@ Protocol, fixed before any tau was computed:
 * statistics over every member: Kendall tau_b against the gap (train minus test
   accuracy) and against the test error, scipy's p-value, a 95% bootstrap interval
   (1000 resamples of members); the partial tau against the gap given the learning
-  rate (Andriushchenko et al. 2023);
+  rate (Andriushchenko et al. 2023) and given the training loss (the members that
+  fitted more are both sharper and further apart: the confounder);
 * scramble: every member moved by ``spec.sample(seed=member, scale=(1e-2, 1e2))``
   (float64; the largest change of any logit is printed), measured again with the
   same radii; tau before and after, side by side; then, per invariant measure,
@@ -67,22 +68,24 @@ PAPER = {
 
 
 def tables(rows, measures, boot) -> str:
-    """The markdown tables: tau vs gap / test error / partial given lr; the scramble."""
+    """The markdown tables: tau vs gap / test error / partial given lr and train loss."""
     col = {k: [r[k] for r in rows] for k in rows[0]}
     lines = [
         "| measure | τ (gap) [95% CI] | p | τ (test error) | p | partial τ (gap given lr) "
-        "| p | paper ViT | paper BERT |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| p | partial τ (gap given train loss) | p | paper ViT | paper BERT |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in measures:
         gap, err = kendall(col[m], col["gap"], boot), kendall(col[m], col["test_error"], boot)
         part = partial_kendall(col[m], col["gap"], col["lr"], boot)
+        fit = partial_kendall(col[m], col["gap"], col["train_loss"], boot)
         ref = PAPER.get(m, {})
         vit, bert = (f"{ref[k]:+.2f}" if k in ref else "—" for k in ("vit", "bert"))
         lines.append(
             f"| {m} | {gap.tau:+.3f} [{gap.low:+.2f}, {gap.high:+.2f}] | {gap.p:.1e} "
             f"| {err.tau:+.3f} | {err.p:.1e} | {part.tau:+.3f} [{part.low:+.2f}, "
-            f"{part.high:+.2f}] | {part.p:.1e} | {vit} | {bert} |"
+            f"{part.high:+.2f}] | {part.p:.1e} | {fit.tau:+.3f} [{fit.low:+.2f}, "
+            f"{fit.high:+.2f}] | {fit.p:.1e} | {vit} | {bert} |"
         )
     if f"{measures[0]} scrambled" in col:
         lines += ["", "| measure | τ (gap) before | τ (gap) after scramble | change |"]

@@ -225,7 +225,7 @@ def measure_zoo(
     scrambled: bool = True,
     progress: Callable[[], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Per member: ``id``, ``gap``, ``test_error``, ``lr`` and each measure's sharpness.
+    """Per member: ``id``, ``gap``, ``test_error``, ``lr``, ``train_loss``, each measure's value.
 
     With ``scrambled``, also ``"<measure> scrambled"``: the same measure of the
     member moved by :func:`scramble` (seed = member id), and ``drift``, the largest
@@ -242,6 +242,7 @@ def measure_zoo(
             "gap": row["gap"],
             "test_error": 1 - row["test_acc"],
             "lr": row["lr"],
+            "train_loss": row["train_loss"],
             **member_sharpness(model, batches, spec, rhos, steps, probes),
         }
         if scrambled:
