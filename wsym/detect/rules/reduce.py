@@ -48,8 +48,8 @@ amax = _reduce(linear=False)  # max(s x) = s max(x) for s > 0 only
 vector_norm = _reduce(linear=False, invariant="orth")  # |x Q| = |x|
 
 
-def _sorted(size_at=None):
-    """Sort / topk along ``dim``: the values are the same for every order of the axis.
+def _sorted(dim_at: int):
+    """Sort / topk along ``dim`` (argument ``dim_at``): the values see no order of the axis.
 
     A permutation of the sorted axis leaves the sorted values unchanged; its
     scales and signs are pinned and no mixing passes (the order of ``s x`` is not
@@ -61,8 +61,7 @@ def _sorted(size_at=None):
     def rule(ctx: Context, node) -> None:
         x = node.args[0]
         lx, in_shape = ctx.layouts[x.name], shape(x)
-        at = 1 if size_at is None else 2
-        d = norm_dim(arg(node, at, "dim", -1), len(in_shape))
+        d = norm_dim(arg(node, dim_at, "dim", -1), len(in_shape))
         out_shape = tuple(node.meta["val"][0].shape)
         read = any(u.args[1] == 1 and u.users for u in node.users)
         if read:
@@ -112,8 +111,8 @@ RULES = {
     "aten::mean": mean,
     "aten::sum": mean,
     "aten::amax": amax,
-    "aten::sort": _sorted(),
-    "aten::topk": _sorted(size_at=1),
+    "aten::sort": _sorted(dim_at=1),  # sort(self, dim=-1, descending=False)
+    "aten::topk": _sorted(dim_at=2),  # topk(self, k, dim=-1, largest=True, sorted=True)
 }
 REDUCTIONS = set(RULES)
 

@@ -342,18 +342,20 @@ def _is_float(node: torch.fx.Node) -> bool:
 def _reaching(graph: torch.fx.Graph, names, sources: set) -> tuple[str, ...]:
     """The nodes of ``names`` (in order, once each) computed from a node of ``sources``."""
     by_name = {n.name: n for n in graph.nodes}
-    found = []
-    for name in dict.fromkeys(names):
-        stack, seen = [by_name[name]], set()
-        while stack:
-            n = stack.pop()
-            if n.name in sources:
-                found.append(name)
-                break
-            if n.name not in seen:
-                seen.add(n.name)
-                stack.extend(n.all_input_nodes)
-    return tuple(found)
+    return tuple(n for n in dict.fromkeys(names) if _computed_from([by_name[n]], sources))
+
+
+def _computed_from(nodes, sources: set) -> bool:
+    """Whether one of ``nodes`` or a node they are computed from is named in ``sources``."""
+    stack, seen = list(nodes), set()
+    while stack:
+        n = stack.pop()
+        if n.name in sources:
+            return True
+        if n.name not in seen:
+            seen.add(n.name)
+            stack.extend(n.all_input_nodes)
+    return False
 
 
 def _value_reads(graph: torch.fx.Graph, sources: set) -> list[str]:
@@ -367,13 +369,6 @@ def _value_reads(graph: torch.fx.Graph, sources: set) -> list[str]:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or schema.name not in VALUE_READS:
             continue
-        stack, seen = list(node.all_input_nodes), set()
-        while stack:
-            n = stack.pop()
-            if n.name in sources:
-                found.append(node.name)
-                break
-            if n.name not in seen:
-                seen.add(n.name)
-                stack.extend(n.all_input_nodes)
+        if _computed_from(node.all_input_nodes, sources):
+            found.append(node.name)
     return found
