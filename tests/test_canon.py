@@ -95,3 +95,43 @@ def test_canonical_forms_of_random_mlps(widths, activation, seed):
     close(
         wsym.canonicalize(sd, spec), wsym.canonicalize(spec.act(spec.sample(seed=seed), sd), spec)
     )
+
+
+def _bert_heads_64():
+    """An HF BERT layer with heads of 64 (float32 GL round-off ~1e-4: above the sweep's tol)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=256, vocab_size=100)  # fmt: skip
+    model = transformers.BertModel(cfg).eval()
+    return model, {"input_ids": torch.randint(0, 100, (2, 7))}
+
+
+@pytest.mark.parametrize("name", ["bert-heads-64", "llama", "residual-cnn"])
+def test_float32_balancing_stops_at_its_round_off_floor(detected, name, monkeypatch):
+    """Float32 GL blocks move by round-off forever: the sweeps stop there, not at 1000.
+
+    The float32 form stays the float64 one to float32 accuracy and constant on orbits.
+    """
+    import importlib
+
+    canon_mod = importlib.import_module("wsym.align.canonicalize")
+    if name == "bert-heads-64":
+        model, inputs = _bert_heads_64()
+        spec = wsym.detect(model, inputs)
+    else:
+        model, inputs, spec = detected(name)
+    sd = model.state_dict()
+    steps = []
+    solve = canon_mod._continuous
+    monkeypatch.setattr(
+        canon_mod, "_continuous", lambda *a: steps.append(1) or solve(*a), raising=True
+    )
+    form32 = wsym.canonicalize(sd, spec, dtype=torch.float32)
+    continuous = sum(g.kind in canon_mod.CONTINUOUS for g in spec.groups)
+    assert len(steps) <= 30 * max(continuous, 1)  # sweeps of every group: 1001 before
+    form64 = wsym.canonicalize(double(sd), spec)
+    close(form64, {k: v.double() for k, v in form32.items()}, rel=1e-3)
+    moved = spec.act(spec.sample(seed=0, scale=(0.5, 2)), double(sd))
+    other32 = wsym.canonicalize({k: v.float() for k, v in moved.items()}, spec, dtype=torch.float32)
+    close(form64, {k: v.double() for k, v in other32.items()}, rel=1e-3)

@@ -23,6 +23,7 @@ when it has no path loss (its lower ``D`` gave higher barriers on the MLP pairs)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -99,8 +100,8 @@ def choose(
         >>> rep.chosen, rep.objective
         ('same', 'weights')
     """
-    ref64 = _float64(ref)
-    scale = mismatch(spec, ref64, {k: torch.zeros_like(v) for k, v in ref64.items()})
+    ref64 = _Float64(ref)
+    scale = mismatch(spec, ref64, _Float64(ref, zeros=True))
     on_path = has_targets(model, batches)
     values, best, best_name, refusal = {}, None, None, None
     for name, thunk in candidates:
@@ -109,7 +110,7 @@ def choose(
         except WsymInputError as err:  # a candidate that does not apply: passed over
             refusal = err
             continue
-        distance = mismatch(spec, ref64, _float64(moved))
+        distance = mismatch(spec, ref64, _Float64(moved))
         if distance <= RECOVERED * scale:
             values[name] = 0.0
             return moved, AlignReport(name, "path" if on_path else "weights", values)
@@ -157,5 +158,23 @@ def path_objective(model, ref: dict, moved: dict, batches, loss_fn=None) -> floa
     return total
 
 
-def _float64(sd: dict) -> dict:
-    return {k: v.detach().double() if v.is_floating_point() else v for k, v in sd.items()}
+class _Float64(Mapping):
+    """``sd`` read at float64 one tensor at a time (zeros of its shapes with ``zeros``).
+
+    The objective's sums are those of float64 copies, without holding two of them.
+    """
+
+    def __init__(self, sd: Mapping, zeros: bool = False):
+        self._sd, self._zeros = sd, zeros
+
+    def __getitem__(self, key):
+        v = self._sd[key]
+        if not v.is_floating_point():
+            return v
+        return torch.zeros(v.shape, dtype=torch.float64) if self._zeros else v.detach().double()
+
+    def __iter__(self):
+        return iter(self._sd)
+
+    def __len__(self):
+        return len(self._sd)
