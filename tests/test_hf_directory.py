@@ -103,7 +103,7 @@ def test_cli_align_writes_a_directory_from_pretrained_loads(tmp_path):
     moved = spec.act(spec.sample(seed=3, kinds=["permutation"]), sd)
     b = tmp_path / "b"
     hf.save_directory(moved, hf.read_directory(a), b)
-    code = main(["align", str(a), str(b), "--input", "2,8", "--out", str(tmp_path / "c")])
+    code = main(["align", str(a), str(b), "--out", str(tmp_path / "c")])  # 2 x 16 tokens
     assert code == 0
     _, aligned = hf.build_from_directory(tmp_path / "c")
     assert max(float((aligned[k] - sd[k]).abs().max()) for k in sd) < 1e-5
@@ -166,3 +166,15 @@ def test_python_errors_name_the_file(tmp_path):
         hf.read_directory(tmp_path)
     with pytest.raises(WsymInputError, match="not found"):
         hf.read_directory(tmp_path / "nowhere")
+
+
+def test_default_example_input_comes_from_the_config():
+    from wsym.cli.prepare import default_shape
+
+    assert default_shape(transformers.BertConfig(**TINY)) == (2, 16)
+    short = transformers.BertConfig(**{**TINY, "max_position_embeddings": 8})
+    assert default_shape(short) == (2, 8)
+    vit = transformers.ViTConfig(image_size=32, num_channels=3)
+    assert default_shape(vit) == (2, 3, 32, 32)
+    with pytest.raises(WsymInputError, match="--input SHAPE"):
+        default_shape(transformers.PretrainedConfig())

@@ -121,12 +121,12 @@ def prepare(
     if getattr(args, "batch_size", 1) < 1:
         raise WsymInputError(f"--batch-size must be positive, got {args.batch_size}")
     spec_text = read_spec_file(args.spec) if args.spec else None
-    if detect and shape is None and spec_text is None and data_name is None:
-        raise WsymInputError(
-            "no example input to detect symmetries with: pass --input SHAPE (e.g. 8,40), "
-            "--data NAME, or --spec FILE saved by 'wsym detect --json'"
-        )
+    no_input = detect and shape is None and spec_text is None and data_name is None
+    if no_input and not _from_directory(args, checkpoints):
+        raise WsymInputError(NO_INPUT)
     model_spec, model, states, layout = _model_and_states(args, checkpoints, config)
+    if no_input:  # a Hugging Face directory: its config says what an input looks like
+        shape = default_shape(model.config)
     data = load_data(data_name) if data_name else None
     if data is not None:
         check_data_fits(model, data, model_spec, loss=loss)
@@ -141,6 +141,38 @@ def prepare(
     else:
         spec = wsym.detect(model, data.x_train[:DATA_EXAMPLES])
     return Prepared(model=model, spec=spec, states=states, data=data, layout=layout, dtype=dtype)
+
+
+NO_INPUT = (
+    "no example input to detect symmetries with: pass --input SHAPE (e.g. 8,40), "
+    "--data NAME, or --spec FILE saved by 'wsym detect --json'"
+)
+#: Tokens per example of the default input of a Hugging Face text model.
+DEFAULT_TOKENS = 16
+
+
+def _from_directory(args: argparse.Namespace, checkpoints: Sequence[str]) -> bool:
+    """Whether the model is built from a Hugging Face directory (``--model`` or the first one)."""
+    from wsym.io import hf
+
+    source = args.model if args.model is not None else (checkpoints[0] if checkpoints else None)
+    return source is not None and hf.is_directory(source)
+
+
+def default_shape(config: Any) -> tuple[int, ...]:
+    """An example input's shape for a Hugging Face model: 2 x 16 token ids, or 2 images.
+
+    Raises:
+        WsymInputError: The config names neither a vocabulary nor an image size.
+    """
+    if getattr(config, "vocab_size", None):
+        longest = getattr(config, "max_position_embeddings", None)
+        tokens = min(DEFAULT_TOKENS, longest) if isinstance(longest, int) else DEFAULT_TOKENS
+        return (2, tokens)
+    size = getattr(config, "image_size", None)
+    if isinstance(size, int):
+        return (2, getattr(config, "num_channels", 3), size, size)
+    raise WsymInputError(NO_INPUT)
 
 
 def _model_and_states(args: argparse.Namespace, checkpoints: Sequence[str], config: dict):
