@@ -75,8 +75,7 @@ from torch.nn import functional as F
 
 import wsym
 from wsym.align.batchnorm import reset_batchnorm_stats
-from wsym.align.choice import _float64
-from wsym.align.continuous import mismatch
+from wsym.align.choice import weight_distance
 from wsym.align.interpolate import Curve
 from wsym.align.matching import weight_matching
 from wsym.group.elements import GroupElement, act
@@ -353,7 +352,7 @@ def run_pair(cfg: dict, orders: int, cache: Path, only_methods=None) -> dict:
     def measure(sd, seconds, repair=True):
         m = {
             "seconds": seconds,
-            "objective": mismatch(spec, _float64(sd_a), _float64(sd)),
+            "objective": weight_distance(spec, sd_a, sd),
             "output_change": output_change(model_a, sd_b, sd, x_check),
             "l2_to_a": l2(sd_a, sd),
         }

@@ -100,8 +100,7 @@ def choose(
         >>> rep.chosen, rep.objective
         ('same', 'weights')
     """
-    ref64 = _Float64(ref)
-    scale = mismatch(spec, ref64, _Float64(ref, zeros=True))
+    scale = mismatch(spec, _Float64(ref), _Float64(ref, zeros=True))
     on_path = has_targets(model, batches)
     values, best, best_name, refusal = {}, None, None, None
     for name, thunk in candidates:
@@ -110,7 +109,7 @@ def choose(
         except WsymInputError as err:  # a candidate that does not apply: passed over
             refusal = err
             continue
-        distance = mismatch(spec, ref64, _Float64(moved))
+        distance = weight_distance(spec, ref, moved)
         if distance <= RECOVERED * scale:
             values[name] = 0.0
             return moved, AlignReport(name, "path" if on_path else "weights", values)
@@ -156,6 +155,11 @@ def path_objective(model, ref: dict, moved: dict, batches, loss_fn=None) -> floa
                 outputs = functional_call(model, state, args, kwargs)
                 total += float(loss_fn(outputs, targets)) / (len(PATH_POINTS) * len(joined))
     return total
+
+
+def weight_distance(spec: SymmetrySpec, ref: dict, other: dict) -> float:
+    """The weight-matching objective ``sum ||other_k - ref_k||^2``, float64 a tensor at a time."""
+    return mismatch(spec, _Float64(ref), _Float64(other))
 
 
 class _Float64(Mapping):
