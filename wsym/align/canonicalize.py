@@ -144,7 +144,7 @@ def canonical_element(
             if size > 0:
                 omega = OVER_RELAXATION.get(spec.groups[i].kind, 1.0)
                 apply(i, value.pow(omega) if omega != 1.0 else value)
-                if size > tol:  # its neighbours' answers change (and its own if over-relaxed)
+                if size > 0:  # its neighbours' answers change (and its own if over-relaxed)
                     moved_at[i] = step + (0.5 if omega != 1.0 else 0.0)
             moved = max(moved, size)
         if moved < tol:
