@@ -166,12 +166,18 @@ def blocks_of(spec: SymmetrySpec, key: str, t: Tensor) -> list[tuple[Tensor, lis
 
 
 def block_at(spec: SymmetrySpec, key: str, t: Tensor, b: int) -> tuple[Tensor, list[Leaf]]:
-    """Block number ``b`` of :func:`blocks_of` (only that one is read)."""
+    """Block number ``b`` of :func:`blocks_of` (only that one is read).
+
+    A view of ``t`` (to read, not to write) unless the block is relabeled, when it
+    is gathered by the plan's flat indices.
+    """
     plan = block_plan(spec, key)
     if isinstance(plan, tuple):
         return t.reshape(plan[0]), list(plan[1])
     idx, lv = plan[b]
-    return t.reshape(-1)[idx], lv
+    if relabeled(spec, key):
+        return t.reshape(-1)[idx], lv
+    return _at(t.contiguous(), _boxes(spec, key)[b]), lv
 
 
 def map_blocks(spec: SymmetrySpec, key: str, t: Tensor, fn, cls=None, zero=False) -> Tensor:
