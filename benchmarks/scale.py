@@ -33,7 +33,9 @@ and the table as Markdown)::
         --out benchmarks/scale_results.jsonl --table benchmarks/scale_results.md
 
 ``--families`` / ``--sizes`` / ``--uses`` pick a part of the ladder; ``--timeout`` bounds
-every use (a row then says ``timeout``).
+every use (a row then says ``timeout``); ``--rows FILE --table T`` writes the table of rows
+measured before (the last row of each model and use: a part of the ladder measured again
+after a change replaces its rows).
 """
 
 from __future__ import annotations
@@ -278,11 +280,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per use")
     parser.add_argument("--out", help="append the rows here (JSON lines)")
     parser.add_argument("--table", help="write the Markdown table here")
+    parser.add_argument("--rows", help="measure nothing: the table of these JSON lines "
+                        "(the last row of each model and use)")  # fmt: skip
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
     uses = [u for u in USES if u in args.uses]
+    if args.rows:
+        with open(args.rows) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        latest = {(r["model"], r["use"]): r for r in rows}
+        return write_table(list(latest.values()), uses, args.table)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families:
@@ -301,10 +310,14 @@ def main() -> None:
                     if args.out and use in uses:
                         with open(args.out, "a") as f:
                             f.write(json.dumps(row) + "\n")
+    write_table(rows, uses, args.table)
+
+
+def write_table(rows: list[dict], uses: list[str], path: str | None) -> None:
     text = table(rows, uses)
     print(text)
-    if args.table:
-        with open(args.table, "w") as f:
+    if path:
+        with open(path, "w") as f:
             f.write(text)
 
 

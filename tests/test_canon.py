@@ -135,3 +135,38 @@ def test_float32_balancing_stops_at_its_round_off_floor(detected, name, monkeypa
     moved = spec.act(spec.sample(seed=0, scale=(0.5, 2)), double(sd))
     other32 = wsym.canonicalize({k: v.float() for k, v in moved.items()}, spec, dtype=torch.float32)
     close(form64, {k: v.double() for k, v in other32.items()}, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_a_norm_scaling_read_inversely_takes_the_balanced_minimum():
+    """torchvision's EfficientNet-B1: a residual stream's scale is a norm scaling (a
+    depthwise branch's BatchNorm absorbs it) that the next stage's wider 1x1 conv reads
+    inversely, while that conv's rows are a BatchNorm input normalized to unit norm.
+    Unit norm on both sides cannot hold at once (96 rows, 16 columns): normalizing each
+    in turn grew the scales to inf. The form is finite, constant on orbits, and computes
+    the same function.
+    """
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.efficientnet_b1().double().eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_()
+            m.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    spec = wsym.detect(model, x)
+    mixed = [
+        g
+        for g in spec.groups
+        if g.kind == "norm_scaling" and {e > 0 for e in dict(g.exponents).values()} == {True, False}
+    ]
+    assert mixed  # the case this test is about
+    sd = model.state_dict()
+    canon = wsym.canonicalize(sd, spec)
+    assert all(torch.isfinite(v).all() for v in canon.values() if v.is_floating_point())
+    moved = spec.act(spec.sample(seed=0, scale=(0.1, 10)), sd)
+    close(canon, wsym.canonicalize(moved, spec), rel=1e-8)
+    y0 = torch.func.functional_call(model, sd, (x,))
+    y1 = torch.func.functional_call(model, canon, (x,))
+    assert (y1 - y0).abs().max() <= 1e-9 * y0.abs().max()

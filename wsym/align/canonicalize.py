@@ -253,29 +253,48 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
     A convention read from a block is only orbit-invariant once every other
     class in that block has its own convention fixed; so classes are settled
     one by one, each from the blocks that are ready (inputs come first, as in
-    a feed-forward pass). Yields ``(group index, value)`` to apply in turn.
+    a feed-forward pass). Several sign groups on one class (a residual stream
+    read by several LayerNorms or BatchNorms) may negate some of the same
+    entries: each is settled from the entries that only it negates among those
+    still pending. Yields ``(group index, value)`` to apply in turn.
     """
     todo = [
         i
         for i, g in enumerate(spec.groups)
         if (kind_of(g).flips or kind_of(g).matrix) and g.kind in kinds
     ]
+
+    def shared(i):  # leaf variables that another pending sign group of i's class negates
+        g = spec.groups[i]
+        return frozenset(
+            v
+            for j in todo
+            if j != i and kind_of(spec.groups[j]).flips and spec.groups[j].cls == g.cls
+            for v, e in spec.groups[j].exponents
+            if e % 2
+        )
+
+    def own(i):  # a sign group reads entries no other pending sign group of its class negates
+        g = spec.groups[i]
+        return not kind_of(g).flips or any(e % 2 and v not in shared(i) for v, e in g.exponents)
+
     while todo:
         pending = {spec.groups[i].cls for i in todo}
-        ready = next(
-            (
-                i
-                for i in todo
-                if not (block_classes(spec, spec.groups[i]) & (pending - {spec.groups[i].cls}))
-            ),
-            None,
-        )
+        free = [
+            i
+            for i in todo
+            if not (block_classes(spec, spec.groups[i]) & (pending - {spec.groups[i].cls}))
+        ]
+        ready = next((i for i in free if own(i)), free[0] if free else None)
         if ready is None:  # a cycle: settle the first one from every block (best effort)
             ready = todo[0]
-        todo.remove(ready)
         g = spec.groups[ready]
+        others = shared(ready)
+        todo.remove(ready)
         if kind_of(g).flips:
-            rows = odd_rows(spec, state(), g, pending - {g.cls})
+            rows = odd_rows(spec, state(), g, pending - {g.cls}, others)
+            if rows is None:
+                rows = odd_rows(spec, state(), g, pending - {g.cls})
             rows = rows if rows is not None else odd_rows(spec, state(), g)
             value = _column_signs(rows.transpose(0, 1))
             if (value < 0).any():
@@ -318,15 +337,35 @@ def _others(sd: dict, g) -> dict:
     return {k: v for k, v in sd.items() if k in g.params}
 
 
+def _normalized(sums: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Per unit, the scale bringing the entries of the smallest exponent to unit norm."""
+    e0 = min(sums, key=abs)
+    u = -0.5 * torch.log(sums[e0].clamp_min(1e-300)) / e0
+    return torch.where(sums[e0] > 0, u.exp(), torch.ones_like(u))
+
+
 def _balance(sums: dict[int, torch.Tensor], normalize: bool) -> torch.Tensor:
-    """Per-unit minimizer of ``sum_e A_e s^(2e)`` (or unit norm when all exponents agree)."""
+    """Per-unit minimizer of ``sum_e A_e s^(2e)``, or unit norm where no minimum exists.
+
+    The minimum exists where entries of both exponent signs are nonzero. Elsewhere
+    (all exponents of one sign, or ``normalize``: a BatchNorm's input, whose
+    scale nothing but the running statistics reads), the entries of the smallest
+    exponent are brought to unit norm. A normalized group whose scale another
+    layer reads inversely (a BatchNorm's output feeding the next convolution)
+    still takes the minimum: normalizing one side of it would fight the next
+    BatchNorm's own normalization of the same weights, without end.
+    """
     exps = sorted(sums)
     n = next(iter(sums.values())).shape[0]
     live = torch.stack([sums[e] for e in exps]).sum(0) > 0
-    if normalize or exps[0] > 0 or exps[-1] < 0:
-        e0 = min(exps, key=abs)
-        u = -0.5 * torch.log(sums[e0].clamp_min(1e-300)) / e0
-        return torch.where(sums[e0] > 0, u.exp(), torch.ones(n, dtype=u.dtype))
+    if exps[0] > 0 or exps[-1] < 0:
+        return _normalized(sums)
+    if normalize:
+        two = _balance(sums, normalize=False)
+        pos = sum(v for e, v in sums.items() if e > 0) > 0
+        neg = sum(v for e, v in sums.items() if e < 0) > 0
+        one = _normalized({e: v for e, v in sums.items() if e > 0})
+        return torch.where(pos & neg, two, torch.where(pos, one, _normalized(sums)))
     u = torch.zeros(n, dtype=sums[exps[0]].dtype)
     if -1 in sums and 1 in sums:
         ok = (sums[-1] > 0) & (sums[1] > 0)

@@ -24,8 +24,10 @@ the best over what is left free:
 
 After every sweep over the classes the rotations themselves are solved
 (:func:`procrustes`), so that classes that read a rotated block (the residual
-stream reads every head's query, key and value rows) compare like with like.
-The sweeps stop when no class and no rotation moves.
+stream reads every head's query, key and value rows) compare like with like,
+and so are the sign groups of classes that no permutation acts on
+(:func:`lone_signs`: a unit flips where its negated entries correlate negatively
+with the reference's). The sweeps stop when no class, sign and rotation moves.
 """
 
 from __future__ import annotations
@@ -278,6 +280,11 @@ def weight_matching(
                 clock += 1
                 current = _apply(spec, current, step, comps, moved_at, clock)
                 changed = True
+        flips = lone_signs(spec, ref, current)
+        if flips:
+            clock += 1
+            current = _apply(spec, current, flips, comps, moved_at, clock)
+            changed = True
         if rotations:
             turn = procrustes(spec, ref, current, tol=rotation_tol)
             if turn:
@@ -286,6 +293,28 @@ def weight_matching(
                 changed = True
         if not changed:
             break
+    return comps
+
+
+def lone_signs(spec: SymmetrySpec, ref: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
+    """Flips of the sign groups whose class no permutation group acts on.
+
+    Per unit, ``-1`` where the entries the flip negates correlate negatively with
+    the reference's: each flip lowers the distance with the other units held
+    (an embedding width that a concatenation of shifted copies keeps from being
+    permuted still has its signs). Exact copies give no flip.
+    """
+    permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
+    comps = []
+    for i, g in enumerate(spec.groups):
+        if not kind_of(g).flips or g.cls in permuted or g.index:
+            continue
+        rows_ref, rows_other = odd_rows(spec, ref, g), odd_rows(spec, other, g)
+        if rows_ref is None:
+            continue
+        flips = torch.where((rows_ref * rows_other).sum(1) < 0, -1.0, 1.0).to(torch.float64)
+        if (flips < 0).any():
+            comps.append((i, flips))
     return comps
 
 

@@ -201,12 +201,14 @@ def _block_moments(spec: SymmetrySpec, key: str, sd: dict, other: dict, b: int, 
 
 
 def odd_rows(
-    spec: SymmetrySpec, sd: dict, group: Group, pending=frozenset()
+    spec: SymmetrySpec, sd: dict, group: Group, pending=frozenset(), shared=frozenset()
 ) -> torch.Tensor | None:
     """Sign group: ``(n, features)`` of the entries a flip of each unit negates.
 
     Blocks that also hold an axis of a class in ``pending`` (whose own sign
-    convention is not fixed yet) are left out; None if no block is left.
+    convention is not fixed yet) are left out, and so are the leaf variables in
+    ``shared`` (negated by another sign group of the same class, not settled yet);
+    None if nothing is left.
     """
     per_class_only(group, "canonicalization of signs")
     exps = dict(group.exponents)
@@ -215,7 +217,7 @@ def odd_rows(
         if any(leaf.cls in pending for leaf in lv if leaf.cls != group.cls):
             continue
         for ax, leaf in enumerate(lv):
-            if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2:
+            if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2 and leaf.var not in shared:
                 cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
     return torch.cat(cols, dim=1) if cols else None
 
