@@ -160,3 +160,28 @@ def test_every_layernorm_sign_group_of_the_residual_stream_is_matched(detected):
     for k in sd:
         if sd[k].is_floating_point():
             torch.testing.assert_close(back[k], sd[k], rtol=0, atol=1e-12, msg=k)
+
+
+def test_sign_groups_no_permutation_acts_on_are_flipped_back():
+    """A spec whose class keeps its signs but not its permutation (here dropped by hand,
+    as an embedding read through shifted copies is): weight matching flips them back."""
+    import dataclasses
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 5), torch.nn.Tanh(),
+        torch.nn.Linear(5, 2),
+    ).double()  # fmt: skip
+    full = wsym.detect(mlp, torch.randn(4, 3, dtype=torch.float64))
+    lone = min(g.cls for g in full.groups if g.kind == "permutation")
+    keep = [i for i, g in enumerate(full.groups) if not (g.kind == "permutation" and g.cls == lone)]
+    spec = dataclasses.replace(
+        full,
+        groups=tuple(full.groups[i] for i in keep),
+        deviations=tuple(full.deviations[i] for i in keep) if full.deviations else (),
+    )
+    sd = mlp.state_dict()
+    moved = spec.act(spec.sample(seed=0, kinds=["sign"]), sd)
+    assert any(not torch.equal(moved[k], sd[k]) for k in sd)
+    back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
