@@ -37,7 +37,9 @@ from wsym.group.units import (
     block_classes,
     block_matrices,
     odd_rows,
+    own_odd_rows,
     per_class_only,
+    shared_odd,
     unit_matrix,
     unit_sums,
 )
@@ -264,19 +266,10 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
         if (kind_of(g).flips or kind_of(g).matrix) and g.kind in kinds
     ]
 
-    def shared(i):  # leaf variables that another pending sign group of i's class negates
-        g = spec.groups[i]
-        return frozenset(
-            v
-            for j in todo
-            if j != i and kind_of(spec.groups[j]).flips and spec.groups[j].cls == g.cls
-            for v, e in spec.groups[j].exponents
-            if e % 2
-        )
-
     def own(i):  # a sign group reads entries no other pending sign group of its class negates
         g = spec.groups[i]
-        return not kind_of(g).flips or any(e % 2 and v not in shared(i) for v, e in g.exponents)
+        others = shared_odd(spec, i, todo)
+        return not kind_of(g).flips or any(e % 2 and v not in others for v, e in g.exponents)
 
     while todo:
         pending = {spec.groups[i].cls for i in todo}
@@ -289,12 +282,10 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
         if ready is None:  # a cycle: settle the first one from every block (best effort)
             ready = todo[0]
         g = spec.groups[ready]
-        others = shared(ready)
+        among = tuple(todo)
         todo.remove(ready)
         if kind_of(g).flips:
-            rows = odd_rows(spec, state(), g, pending - {g.cls}, others)
-            if rows is None:
-                rows = odd_rows(spec, state(), g, pending - {g.cls})
+            rows = own_odd_rows(spec, state(), ready, among, pending - {g.cls})
             rows = rows if rows is not None else odd_rows(spec, state(), g)
             value = _column_signs(rows.transpose(0, 1))
             if (value < 0).any():

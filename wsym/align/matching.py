@@ -14,7 +14,7 @@ the best over what is left free:
   ``C[i, j] - sum_s C_s[i, j] + sum_s |C_s[i, j]|`` (``C_s`` the correlation of
   the negated entries), and the matched unit takes the sign of ``C_s[i, j]``
   for each group separately (a transformer's residual stream has one sign group
-  per LayerNorm);
+  per LayerNorm; entries that several of them negate are left to the plain score);
 * **GL/orthogonal blocks** indexed by the class (a head's query/key and
   value/output blocks): after balancing, what is left of ``GL(h)`` is ``O(h)``,
   and the best rotation of head ``j``'s blocks onto head ``i``'s scores the
@@ -47,6 +47,7 @@ from wsym.group.units import (
     block_classes,
     block_matrices,
     odd_rows,
+    own_odd_rows,
     per_class_only,
     unit_matrix,
 )
@@ -107,7 +108,7 @@ def class_units(spec: SymmetrySpec, sd: dict, plan: ClassPlan) -> tuple:
     """
     cls = spec.groups[plan.group].cls
     full = unit_matrix(spec, sd, cls) if plan.incremental else ClassRows(spec, sd, cls)
-    odds = [odd_rows(spec, sd, spec.groups[s]) for s in plan.signs]
+    odds = [own_odd_rows(spec, sd, s, plan.signs) for s in plan.signs]
     blocks = [block_matrices(spec, sd, spec.groups[b]) for b in plan.blocks]
     return full, odds, blocks
 

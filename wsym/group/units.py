@@ -222,6 +222,33 @@ def odd_rows(
     return torch.cat(cols, dim=1) if cols else None
 
 
+def shared_odd(spec: SymmetrySpec, i: int, among) -> frozenset:
+    """Leaf variables that a sign group in ``among`` (not ``i``) of group ``i``'s class negates.
+
+    Several sign groups on one class (a residual stream read by several
+    BatchNorms or LayerNorms) may negate some of the same entries; what group
+    ``i`` reads of its own sign leaves those out (:func:`odd_rows`' ``shared``).
+    """
+    cls = spec.groups[i].cls
+    return frozenset(
+        v
+        for j in among
+        if j != i and kind_of(spec.groups[j]).flips and spec.groups[j].cls == cls
+        for v, e in spec.groups[j].exponents
+        if e % 2
+    )
+
+
+def own_odd_rows(spec: SymmetrySpec, sd: dict, i: int, among, pending=frozenset()):
+    """:func:`odd_rows` of sign group ``i`` less the entries of :func:`shared_odd`.
+
+    With those entries where nothing else is left.
+    """
+    group = spec.groups[i]
+    rows = odd_rows(spec, sd, group, pending, shared_odd(spec, i, among))
+    return rows if rows is not None else odd_rows(spec, sd, group, pending)
+
+
 def block_classes(spec: SymmetrySpec, group: Group, itself: bool = False) -> set[int]:
     """Classes that share a parameter block with ``group``'s class.
 
