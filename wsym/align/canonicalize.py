@@ -281,11 +281,10 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
         ready = next((i for i in free if own(i)), free[0] if free else None)
         if ready is None:  # a cycle: settle the first one from every block (best effort)
             ready = todo[0]
-        g = spec.groups[ready]
-        among = tuple(todo)
         todo.remove(ready)
-        if kind_of(g).flips:
-            rows = own_odd_rows(spec, state(), ready, among, pending - {g.cls})
+        g = spec.groups[ready]
+        if kind_of(g).flips:  # shared with the sign groups still pending
+            rows = own_odd_rows(spec, state(), ready, todo, pending - {g.cls})
             rows = rows if rows is not None else odd_rows(spec, state(), g)
             value = _column_signs(rows.transpose(0, 1))
             if (value < 0).any():

@@ -264,6 +264,7 @@ def weight_matching(
     current, clock, memo = other, 0, {}
     dtype = next((v.dtype for v in other.values() if v.is_floating_point()), torch.float64)
     rotation_tol = max(ROTATION_TOL, 10 * round_off(dtype))  # float32's SVDs move by ~1e-6
+    lone = lone_sign_rows(spec, ref)  # the reference's, read once
     for _ in range(max_iter):
         changed = False
         order = todo[:]
@@ -281,7 +282,7 @@ def weight_matching(
                 clock += 1
                 current = _apply(spec, current, step, comps, moved_at, clock)
                 changed = True
-        flips = lone_signs(spec, ref, current)
+        flips = lone_signs(spec, lone, current) if lone else []
         if flips:
             clock += 1
             current = _apply(spec, current, flips, comps, moved_at, clock)
@@ -297,22 +298,29 @@ def weight_matching(
     return comps
 
 
-def lone_signs(spec: SymmetrySpec, ref: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
-    """Flips of the sign groups whose class no permutation group acts on.
+def lone_sign_rows(spec: SymmetrySpec, sd: dict) -> dict[int, torch.Tensor]:
+    """``{sign group: odd rows}`` of the sign groups whose class no permutation group acts on."""
+    permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
+    out = {}
+    for i, g in enumerate(spec.groups):
+        if kind_of(g).flips and g.cls not in permuted and not g.index:
+            rows = odd_rows(spec, sd, g)
+            if rows is not None:
+                out[i] = rows
+    return out
+
+
+def lone_signs(spec: SymmetrySpec, ref_rows: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
+    """Flips of the sign groups of :func:`lone_sign_rows` (``ref_rows``: the reference's).
 
     Per unit, ``-1`` where the entries the flip negates correlate negatively with
     the reference's: each flip lowers the distance with the other units held
     (an embedding width that a concatenation of shifted copies keeps from being
     permuted still has its signs). Exact copies give no flip.
     """
-    permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
     comps = []
-    for i, g in enumerate(spec.groups):
-        if not kind_of(g).flips or g.cls in permuted or g.index:
-            continue
-        rows_ref, rows_other = odd_rows(spec, ref, g), odd_rows(spec, other, g)
-        if rows_ref is None:
-            continue
+    for i, rows_ref in ref_rows.items():
+        rows_other = odd_rows(spec, other, spec.groups[i])
         flips = torch.where((rows_ref * rows_other).sum(1) < 0, -1.0, 1.0).to(torch.float64)
         if (flips < 0).any():
             comps.append((i, flips))
