@@ -14,8 +14,10 @@ methods (:class:`wsym.optim.Plateau`): the training loss of each step's batch (a
 unperturbed weights, for the two-pass methods) is smoothed by a bias-corrected moving
 average (beta 0.98); every 25 optimizer steps the smoothed loss is checked, and a check
 whose relative improvement over the last 4 checks (100 steps) is below 1 % is a
-strike; 3 strikes in a row stop the run, as does the cap ``--max-steps`` optimizer
-steps. ``--decay F`` multiplies the learning rate by ``F`` at the first plateau and
+strike; 3 strikes in a row stop the run. A check whose smoothed loss is below 0.01
+stops it too (the training set is fit: an interpolating run's loss keeps shrinking by
+over 1 % per 100 steps for thousands of steps without changing a prediction), and so
+does the cap ``--max-steps`` optimizer steps (a run at the cap is counted as such). ``--decay F`` multiplies the learning rate by ``F`` at the first plateau and
 trains on to a second plateau under the same rule (same cap on the total).
 
 Reported per task and method over ``--seeds`` seeds (model init and batch order):
@@ -59,7 +61,8 @@ from wsym.optim import Plateau  # noqa: E402
 NOISE_TASK, NOISE = "digits-mlp-noise", 0.25
 TASKS = (*equal_budget.TASKS, NOISE_TASK)
 METHODS = ("sgd", "adam", "kfac", "llqr", "sam", "llqr-sam")
-RULE = {"every": 25, "window": 4, "tol": 0.01, "patience": 3, "beta": 0.98}
+RULE = {"every": 25, "window": 4, "tol": 0.01, "patience": 3, "beta": 0.98, "floor": 0.01}
+STOPS = ("plateau", "fit", "cap")
 PAIRS = (("llqr-sam", "sam"), ("llqr-sam", "llqr"), ("sam", "sgd"))
 HERE = Path(__file__).parent
 JSONL, TABLE = HERE / "optimizers_plateau_results.jsonl", HERE / "optimizers_plateau_results.md"
@@ -163,20 +166,22 @@ def _task_table(task: str, rows: list[dict]) -> list[str]:
     out = [
         f"\n### {task}: {seeds} seeds, to the plateau (cap {cap} steps)\n",
         "| method | lr | test acc (%) | steps (median, min-max) | grad evals (median) "
-        "| CPU s (median) | at cap | adaptive sharpness |",
-        "|---|---|---|---|---|---|---|---|",
+        "| CPU s (median) | stop: plateau / fit / cap | train loss (median) "
+        "| adaptive sharpness |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for method in METHODS:
         mine = [r for r in rows if r["method"] == method]
         if not mine:
             continue
         steps = [r["steps"] for r in mine]
-        capped = sum(r["reason"] == "cap" for r in mine)
+        stops = " / ".join(str(sum(r["reason"] == w for r in mine)) for w in STOPS)
+        loss = statistics.median(r["phases"][-1]["loss"] for r in mine)
         out.append(
             f"| {method} | {mine[0]['lr']:g} | {_spread([100 * r['acc'] for r in mine])} "
             f"| {statistics.median(steps):g} ({min(steps)}-{max(steps)}) "
             f"| {statistics.median(r['grads'] for r in mine):g} "
-            f"| {statistics.median(r['seconds'] for r in mine):.1f} | {capped}/{len(mine)} "
+            f"| {statistics.median(r['seconds'] for r in mine):.1f} | {stops} | {loss:.3g} "
             f"| {statistics.mean(r['adaptive'] for r in mine):.3g} |"
         )
     out += [

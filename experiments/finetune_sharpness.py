@@ -20,6 +20,14 @@ Protocol, fixed before any tau was computed:
   (1000 resamples of members); the partial tau against the gap given the learning
   rate (Andriushchenko et al. 2023) and given the training loss (the members that
   fitted more are both sharper and further apart: the confounder);
+* out of distribution (the paper's BERT result is measured on HANS): every member's
+  accuracy on a test set of the same task shifted further along the downstream
+  task's own shift from upstream (:data:`SHIFT`: mnist1d signals with 1.5x the noise
+  and shear, token sequences with twice the token noise; fresh examples, seed 2,
+  seen by no member), and the OOD gap, training accuracy minus that accuracy; tau
+  and partial tau given the training loss against it;
+* a training-loss band: the same taus over the members whose training loss lies in
+  the zoo's middle half (quartiles 1 to 3), where the training loss varies least;
 * scramble: every member moved by ``spec.sample(seed=member, scale=(1e-2, 1e2))``
   (float64; the largest change of any logit is printed), measured again with the
   same radii; tau before and after, side by side; then, per invariant measure,
@@ -59,12 +67,74 @@ from wsym.sharpness.correlation import (
     training_subset,
     zoo_member,
 )
+from wsym.zoo.tasks import load_task
 
 PAPER = {
     "adaptive": {"vit": -0.41, "bert": 0.06},
     "geodesic-inv": {"vit": -0.71, "bert": 0.28},
     "geodesic-mix": {"vit": -0.70, "bert": 0.38},
 }
+
+
+#: How the out-of-distribution test set moves each downstream dataset: generator
+#: scales multiplied (mnist1d) or token noise doubled (the hidden-topic language).
+SHIFT = {
+    "mnist1d-patches": {"generator": 1.5},
+    "markov-tokens": {"noise": 2.0},
+}
+
+
+def shifted_test(dataset: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The out-of-distribution test split of a zoo's downstream ``dataset`` (:data:`SHIFT`)."""
+    config = {**dataset, "seed": 2}
+    factors = SHIFT.get(config["name"])
+    if factors is None:
+        raise SystemExit(f"no out-of-distribution shift for dataset {config['name']!r}")
+    for key, factor in factors.items():
+        if isinstance(config[key], dict):
+            config[key] = {k: v * factor for k, v in config[key].items()}
+        else:
+            config[key] = config[key] * factor
+    data = load_task(config)
+    return data.x_test, data.y_test
+
+
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy of ``model`` (float64) on ``(x, y)``."""
+    x = x.double() if x.is_floating_point() else x
+    with torch.no_grad():
+        return float((model(x).argmax(-1) == y).double().mean())
+
+
+def _cell(t) -> str:
+    return f"{t.tau:+.3f} [{t.low:+.2f}, {t.high:+.2f}]"
+
+
+def shift_and_band(rows, measures, boot) -> str:
+    """τ against the OOD gap, and both gaps' τ over the middle half of training losses."""
+    losses = sorted(r["train_loss"] for r in rows)
+    low, high = losses[len(losses) // 4], losses[(3 * len(losses)) // 4]
+    band = [r for r in rows if low <= r["train_loss"] <= high]
+    col = {k: [r[k] for r in rows] for k in rows[0]}
+    mid = {k: [r[k] for r in band] for k in band[0]}
+    lines = [
+        f"OOD accuracy median {statistics.median(col['ood_acc']):.3f} (test accuracy "
+        f"{1 - statistics.median(col['test_error']):.3f}); band: {len(band)} members with "
+        f"train loss in [{low:.3g}, {high:.3g}]",
+        "",
+        "| measure | τ (OOD gap) [95% CI] | partial τ (OOD gap given train loss) "
+        "| band: τ (gap) | band: τ (OOD gap) | band: partial τ (gap given train loss) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in measures:
+        ood = kendall(col[m], col["ood_gap"], boot)
+        fit = partial_kendall(col[m], col["ood_gap"], col["train_loss"], boot)
+        gap, bood = kendall(mid[m], mid["gap"], boot), kendall(mid[m], mid["ood_gap"], boot)
+        bfit = partial_kendall(mid[m], mid["gap"], mid["train_loss"], boot)
+        lines.append(
+            f"| {m} | {_cell(ood)} | {_cell(fit)} | {_cell(gap)} | {_cell(bood)} | {_cell(bfit)} |"
+        )
+    return "\n".join(lines)
 
 
 def tables(rows, measures, boot) -> str:
@@ -192,10 +262,15 @@ def main(argv=None):
     rows = measure_zoo(zoo, ids, batches, spec, rhos, args.steps, args.probes, not args.no_scramble)
     measured = time.process_time() - start
     measures = [*rhos, *(["hessian-trace"] if args.probes else [])]
+    x_ood, y_ood = shifted_test(zoo.manifest["dataset"])
     for row in rows:
-        row["cond"], row["cond_at"] = conditioning(spec, zoo_member(zoo, row["id"]))
+        model = zoo_member(zoo, row["id"])
+        row["cond"], row["cond_at"] = conditioning(spec, model)
         row["optimizer"] = zoo.row(row["id"])["optimizer"]
+        row["ood_acc"] = accuracy(model, x_ood, y_ood)
+        row["ood_gap"] = zoo.row(row["id"])["train_acc"] - row["ood_acc"]
     print("\n" + tables(rows, measures, args.boot))
+    print("\n" + shift_and_band(rows, measures, args.boot))
     if not args.no_scramble:
         print(scramble_movers(rows, measures))
     print(

@@ -8,6 +8,11 @@ import wsym
 from wsym.errors import WsymInputError
 
 
+def test_the_error_and_warning_are_public():
+    assert wsym.WsymInputError is WsymInputError and issubclass(WsymInputError, ValueError)
+    assert issubclass(wsym.SymmetryWarning, UserWarning)
+
+
 def _mlp(width=64):
     torch.manual_seed(0)
     return torch.nn.Sequential(

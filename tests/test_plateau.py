@@ -53,6 +53,15 @@ def test_cap_and_divergence():
     assert rule.update(0.0) is True  # stays stopped
 
 
+def test_a_loss_below_the_floor_has_fit_the_data():
+    """An exponentially vanishing loss improves by over 1 % per window forever."""
+    curve = lambda t: math.exp(-0.01 * t)  # noqa: E731
+    endless = Plateau(every=10, window=3, tol=0.01, patience=3, max_steps=3000, beta=0.0)
+    assert _run(endless, curve) == 3000 and endless.reason == "cap"
+    fit = Plateau(every=10, window=3, tol=0.01, patience=3, max_steps=3000, beta=0.0, floor=0.01)
+    assert _run(fit, curve) == 470 and fit.reason == "fit"  # first check with e^(-t/100) < 0.01
+
+
 def test_a_single_improving_check_resets_the_strikes():
     rule = Plateau(every=1, window=1, tol=0.1, patience=2, max_steps=100, beta=0.0)
     for loss in (1.0, 0.99, 0.5, 0.49):  # strike, reset, strike
@@ -61,7 +70,7 @@ def test_a_single_improving_check_resets_the_strikes():
 
 
 @pytest.mark.parametrize(
-    "kw", [{"every": 0}, {"window": 1.5}, {"patience": -1}, {"max_steps": 0}, {"beta": 1.0}]
+    "kw", [{"every": 0}, {"window": 1.5}, {"patience": -1}, {"max_steps": 0}, {"beta": 1.0}, {"floor": -1.0}]
 )
 def test_bad_input(kw):
     with pytest.raises(WsymInputError, match=next(iter(kw))):

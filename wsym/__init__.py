@@ -5,6 +5,7 @@ from wsym.align.canonicalize import canonicalize
 from wsym.align.interpolate import Curve, interpolate
 from wsym.align.merge import merge
 from wsym.detect import detect
+from wsym.errors import SymmetryWarning, WsymInputError
 from wsym.group.elements import GroupElement
 from wsym.group.spec import Group, SymmetrySpec
 from wsym.optim.teleport import teleport
@@ -17,6 +18,8 @@ __all__ = [
     "Group",
     "GroupElement",
     "SymmetrySpec",
+    "SymmetryWarning",
+    "WsymInputError",
     "align",
     "canonicalize",
     "detect",

@@ -23,8 +23,11 @@ class Plateau:
 
     and a check with :math:`r_k < \mathrm{tol}` is a strike (any other check resets the
     strikes to 0). Training stops at the ``patience``-th strike in a row
-    (``reason == "plateau"``) or after ``max_steps`` steps (``reason == "cap"``),
-    whichever comes first. A non-finite loss stops at once (``reason == "diverged"``).
+    (``reason == "plateau"``), at a check with :math:`c_k < \mathrm{floor}`
+    (``reason == "fit"``: the training set is fit, and further steps only shrink an
+    already small loss, relative gains of 1 % per window going on for thousands of
+    steps), or after ``max_steps`` steps (``reason == "cap"``), whichever comes first.
+    A non-finite loss stops at once (``reason == "diverged"``).
 
     Args:
         every: steps between checks.
@@ -33,6 +36,7 @@ class Plateau:
         patience: strikes in a row that stop training.
         max_steps: the cap.
         beta: weight of the moving average.
+        floor: smoothed loss at which training has fit the data (0: never).
 
     Example:
         >>> rule = Plateau(every=10, window=2, tol=0.01, patience=2, max_steps=1000)
@@ -51,6 +55,7 @@ class Plateau:
         patience: int = 3,
         max_steps: int = 5000,
         beta: float = 0.9,
+        floor: float = 0.0,
     ) -> None:
         for name, value in (("every", every), ("window", window), ("patience", patience)):
             if int(value) != value or value < 1:
@@ -59,10 +64,12 @@ class Plateau:
             raise WsymInputError(f"Plateau: max_steps must be >= 1, got {max_steps}")
         if not 0.0 <= beta < 1.0:
             raise WsymInputError(f"Plateau: beta must be in [0, 1), got {beta}")
-        if tol < 0:
-            raise WsymInputError(f"Plateau: tol must be >= 0, got {tol}")
+        for name, value in (("tol", tol), ("floor", floor)):
+            if not value >= 0:
+                raise WsymInputError(f"Plateau: {name} must be >= 0, got {value}")
         self.every, self.window, self.tol = int(every), int(window), float(tol)
         self.patience, self.max_steps, self.beta = int(patience), int(max_steps), float(beta)
+        self.floor = float(floor)
         self.steps = 0
         self.strikes = 0
         self.checks: list[float] = []
@@ -97,6 +104,9 @@ class Plateau:
 
     def _check(self, value: float) -> None:
         self.checks.append(value)
+        if value < self.floor:
+            self.reason = "fit"
+            return
         if len(self.checks) <= self.window:
             return
         before = self.checks[-1 - self.window]
@@ -108,5 +118,6 @@ class Plateau:
     def __repr__(self) -> str:
         return (
             f"Plateau(every={self.every}, window={self.window}, tol={self.tol}, "
-            f"patience={self.patience}, max_steps={self.max_steps}, beta={self.beta})"
+            f"patience={self.patience}, max_steps={self.max_steps}, beta={self.beta}, "
+            f"floor={self.floor})"
         )
