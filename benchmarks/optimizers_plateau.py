@@ -26,7 +26,7 @@ test accuracy mean +- std, optimizer steps, gradient evaluations and CPU seconds
 cap), and final sharpness: ``wsym.sharpness(measure="adaptive")`` worst case, rho 0.05,
 10 ascent steps, on the first 256 training examples (noisy labels on the noise task).
 Then the paired differences per seed: LLQR+SAM - SAM, LLQR+SAM - LLQR and SAM - SGD,
-with their sign counts.
+their mean with a 95% Student-t interval over the seeds, and their sign counts.
 
 Run (from the repository root):
     PYTHONPATH=. .venv/bin/python benchmarks/optimizers_plateau.py          # 5 seeds, 4 tasks
@@ -46,6 +46,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from scipy.stats import t as t_dist
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -155,6 +156,15 @@ def run(task: str, method: str, seed: int, max_steps: int, decay: float | None) 
     }
 
 
+def _interval(values: list[float]) -> tuple[float, float, float]:
+    """The mean and its 95% Student-t interval over seeds (the mean alone for one seed)."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = t_dist.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
 def _spread(values: list[float], fmt: str = "{:.1f}") -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
@@ -186,7 +196,7 @@ def _task_table(task: str, rows: list[dict]) -> list[str]:
         )
     out += [
         "",
-        "| paired difference (points) | per seed | mean | sign (+/-) |",
+        "| paired difference (points) | per seed | mean [95% CI] | sign (+/-) |",
         "|---|---|---|---|",
     ]
     for a, b in PAIRS:
@@ -197,7 +207,10 @@ def _task_table(task: str, rows: list[dict]) -> list[str]:
         diff = [acc[a, s] - acc[b, s] for s in both]
         cells = ", ".join(f"{d:+.1f}" for d in diff)
         plus, minus = sum(d > 0 for d in diff), sum(d < 0 for d in diff)
-        out.append(f"| {a} − {b} | {cells} | {statistics.mean(diff):+.1f} | {plus}/{minus} |")
+        mean, low, high = _interval(diff)
+        out.append(
+            f"| {a} − {b} | {cells} | {mean:+.1f} [{low:+.1f}, {high:+.1f}] | {plus}/{minus} |"
+        )
     return out
 
 

@@ -185,3 +185,48 @@ def test_sign_groups_no_permutation_acts_on_are_flipped_back():
     assert any(not torch.equal(moved[k], sd[k]) for k in sd)
     back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
     assert all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+class DepthwiseGate(torch.nn.Module):
+    """GhostNetV2's attention branch in small: 1x1 conv, then two depthwise convs, each
+    followed by a BatchNorm, then a sigmoid gate scaled per channel by a fixed profile
+    (which keeps the channels from being permuted). Each BatchNorm's sign group meets
+    the next one's on the same channel's entries."""
+
+    def __init__(self, width=6):
+        super().__init__()
+        conv, bn = torch.nn.Conv2d, torch.nn.BatchNorm2d
+        dw = {"groups": width, "bias": False}
+        self.chain = torch.nn.Sequential(
+            conv(3, width, 1, bias=False), bn(width),
+            conv(width, width, (1, 3), padding=(0, 1), **dw), bn(width),
+            conv(width, width, (3, 1), padding=(1, 0), **dw), bn(width),
+        )  # fmt: skip
+        self.head = torch.nn.Linear(width, 2)
+
+    def forward(self, x):
+        gate = torch.sigmoid(self.chain(x)).mean((2, 3))
+        profile = torch.linspace(1.0, 2.0, gate.shape[1], dtype=gate.dtype)
+        return self.head(gate * profile)
+
+
+def test_overlapping_sign_groups_of_an_unpermuted_class_are_flipped_back_together():
+    torch.manual_seed(0)
+    model = DepthwiseGate().double().eval()
+    for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+    spec = wsym.detect(model, torch.randn(2, 3, 5, 5, dtype=torch.float64))
+    chain = {g.cls for g in spec.groups if any(p.startswith("chain.2") for p in g.params)}
+    signs = [g for g in spec.groups if g.kind == "sign" and g.cls in chain]
+    assert len(signs) >= 3 and not any(
+        g.kind == "permutation" and g.cls in chain for g in spec.groups
+    )
+    sd = model.state_dict()
+    for seed in range(4):
+        moved = spec.act(spec.sample(seed=seed, kinds=["sign"]), sd)
+        assert any(not torch.equal(moved[k], sd[k]) for k in sd)
+        back = act(spec, GroupElement(tuple(weight_matching(spec, sd, moved))), moved)
+        for k in sd:
+            if sd[k].is_floating_point():
+                torch.testing.assert_close(back[k], sd[k], rtol=0, atol=1e-12, msg=k)

@@ -26,12 +26,13 @@ After every sweep over the classes the rotations themselves are solved
 (:func:`procrustes`), so that classes that read a rotated block (the residual
 stream reads every head's query, key and value rows) compare like with like,
 and so are the sign groups of classes that no permutation acts on
-(:func:`lone_signs`: a unit flips where its negated entries correlate negatively
-with the reference's). The sweeps stop when no class, sign and rotation moves.
+(:func:`lone_signs`: per unit, the combination of the class's signs whose negated
+entries overlap most with the reference's). The sweeps stop when no class, sign and rotation moves.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -46,7 +47,7 @@ from wsym.group.units import (
     ClassRows,
     block_classes,
     block_matrices,
-    odd_rows,
+    odd_patterns,
     own_odd_rows,
     per_class_only,
     unit_matrix,
@@ -298,33 +299,76 @@ def weight_matching(
     return comps
 
 
-def lone_sign_rows(spec: SymmetrySpec, sd: dict) -> dict[int, torch.Tensor]:
-    """``{sign group: odd rows}`` of the sign groups whose class no permutation group acts on."""
+def lone_sign_rows(spec: SymmetrySpec, sd: dict) -> dict[tuple[int, ...], list]:
+    """``{sign groups of one class: odd_patterns}`` for the classes no permutation acts on."""
     permuted = {g.cls for g in spec.groups if kind_of(g).permutes}
-    out = {}
+    by_class: dict[int, list[int]] = {}
     for i, g in enumerate(spec.groups):
         if kind_of(g).flips and g.cls not in permuted and not g.index:
-            rows = odd_rows(spec, sd, g)
-            if rows is not None:
-                out[i] = rows
+            by_class.setdefault(g.cls, []).append(i)
+    out = {}
+    for groups in by_class.values():
+        patterns = odd_patterns(spec, sd, groups)
+        if patterns:
+            out[tuple(groups)] = patterns
     return out
 
 
 def lone_signs(spec: SymmetrySpec, ref_rows: dict, other: dict) -> list[tuple[int, torch.Tensor]]:
     """Flips of the sign groups of :func:`lone_sign_rows` (``ref_rows``: the reference's).
 
-    Per unit, ``-1`` where the entries the flip negates correlate negatively with
-    the reference's: each flip lowers the distance with the other units held
-    (an embedding width that a concatenation of shifted copies keeps from being
-    permuted still has its signs). Exact copies give no flip.
+    The sign groups of one class are solved together, per unit: an entry that
+    several of them negate (a depthwise chain of BatchNorms: each one's sign meets
+    the next one's on the same channel) is multiplied by the product of their
+    signs, so the overlap ``sum_e ref_e other_e prod_s s`` is maximized over every
+    combination of signs (:func:`best_signs`). Exact copies give no flip.
     """
     comps = []
-    for i, rows_ref in ref_rows.items():
-        rows_other = odd_rows(spec, other, spec.groups[i])
-        flips = torch.where((rows_ref * rows_other).sum(1) < 0, -1.0, 1.0).to(torch.float64)
-        if (flips < 0).any():
-            comps.append((i, flips))
+    for groups, patterns_ref in ref_rows.items():
+        patterns = odd_patterns(spec, other, list(groups))
+        overlap: dict[tuple[int, ...], torch.Tensor] = {}
+        for (pattern, rows_ref), (_, rows) in zip(patterns_ref, patterns, strict=True):
+            corr = (rows_ref.double() * rows.double()).sum(1)
+            overlap[pattern] = overlap[pattern] + corr if pattern in overlap else corr
+        for i, signs in zip(groups, best_signs(len(groups), overlap), strict=True):
+            if (signs < 0).any():
+                comps.append((i, signs))
     return comps
+
+
+#: Sign groups of one class solved by enumeration up to this many (2^k per unit).
+JOINT_SIGNS = 10
+
+
+def best_signs(k: int, overlap: dict[tuple[int, ...], torch.Tensor]) -> torch.Tensor:
+    """``(k, n)`` signs maximizing ``sum_pattern overlap[pattern] * prod_{s in pattern} signs_s``.
+
+    Per unit, over all ``2^k`` combinations up to :data:`JOINT_SIGNS` groups (the
+    identity wins ties); beyond, one group at a time with the others held, until
+    no flip gains.
+
+    Example:
+        >>> best_signs(2, {(0,): torch.tensor([1.0]), (0, 1): torch.tensor([-2.0])})
+        tensor([[ 1.],
+                [-1.]], dtype=torch.float64)
+    """
+    n = len(next(iter(overlap.values())))
+    if k <= JOINT_SIGNS:
+        combos = torch.tensor(list(itertools.product((1.0, -1.0), repeat=k)), dtype=torch.float64)
+        score = sum(c * combos[:, list(p)].prod(1, keepdim=True) for p, c in overlap.items())
+        return combos[score.argmax(0)].T.contiguous()
+    signs = torch.ones(k, n, dtype=torch.float64)
+    for _ in range(k):
+        moved = False
+        for j in range(k):
+            gain = sum(c * signs[list(p)].prod(0) for p, c in overlap.items() if j in p)
+            flip = gain < 0
+            if flip.any():
+                signs[j] = torch.where(flip, -signs[j], signs[j])
+                moved = True
+        if not moved:
+            break
+    return signs
 
 
 def procrustes(

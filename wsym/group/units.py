@@ -222,6 +222,24 @@ def odd_rows(
     return torch.cat(cols, dim=1) if cols else None
 
 
+def odd_patterns(spec: SymmetrySpec, sd: dict, groups) -> list[tuple[tuple, torch.Tensor]]:
+    """Sign groups ``groups`` of one class: ``[(pattern, (n, features) rows), ...]``.
+
+    One item per class axis that some of them negate, ``pattern`` the positions in
+    ``groups`` of those that do (a unit's entry there is multiplied by the product of
+    their signs); in a fixed order, so two state dicts' lists pair item by item.
+    """
+    cls = spec.groups[groups[0]].cls
+    odd = [{v for v, e in spec.groups[j].exponents if e % 2} for j in groups]
+    out = []
+    for block, lv in _class_blocks(spec, sd, cls):
+        for ax, leaf in enumerate(lv):
+            pattern = tuple(k for k, vs in enumerate(odd) if leaf.var in vs)
+            if leaf.cls == cls and pattern:
+                out.append((pattern, block.movedim(ax, 0).reshape(block.shape[ax], -1)))
+    return out
+
+
 def shared_odd(spec: SymmetrySpec, i: int, among) -> frozenset:
     """Leaf variables that a sign group in ``among`` (not ``i``) of group ``i``'s class negates.
 
