@@ -17,7 +17,8 @@ whose relative improvement over the last 4 checks (100 steps) is below 1 % is a
 strike; 3 strikes in a row stop the run. A check whose smoothed loss is below 0.01
 stops it too (the training set is fit: an interpolating run's loss keeps shrinking by
 over 1 % per 100 steps for thousands of steps without changing a prediction), and so
-does the cap ``--max-steps`` optimizer steps (a run at the cap is counted as such). ``--decay F`` multiplies the learning rate by ``F`` at the first plateau and
+does the cap ``--max-steps`` optimizer steps (a run at the cap is counted as such).
+``--decay F`` multiplies the learning rate by ``F`` at the first plateau and
 trains on to a second plateau under the same rule (same cap on the total).
 
 Reported per task and method over ``--seeds`` seeds (model init and batch order):

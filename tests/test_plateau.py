@@ -70,7 +70,15 @@ def test_a_single_improving_check_resets_the_strikes():
 
 
 @pytest.mark.parametrize(
-    "kw", [{"every": 0}, {"window": 1.5}, {"patience": -1}, {"max_steps": 0}, {"beta": 1.0}, {"floor": -1.0}]
+    "kw",
+    [
+        {"every": 0},
+        {"window": 1.5},
+        {"patience": -1},
+        {"max_steps": 0},
+        {"beta": 1.0},
+        {"floor": -1.0},
+    ],
 )
 def test_bad_input(kw):
     with pytest.raises(WsymInputError, match=next(iter(kw))):
