@@ -264,11 +264,11 @@ def main(argv=None):
     measures = [*rhos, *(["hessian-trace"] if args.probes else [])]
     x_ood, y_ood = shifted_test(zoo.manifest["dataset"])
     for row in rows:
-        model = zoo_member(zoo, row["id"])
+        model, member = zoo_member(zoo, row["id"]), zoo.row(row["id"])
         row["cond"], row["cond_at"] = conditioning(spec, model)
-        row["optimizer"] = zoo.row(row["id"])["optimizer"]
+        row["optimizer"] = member["optimizer"]
         row["ood_acc"] = accuracy(model, x_ood, y_ood)
-        row["ood_gap"] = zoo.row(row["id"])["train_acc"] - row["ood_acc"]
+        row["ood_gap"] = member["train_acc"] - row["ood_acc"]
     print("\n" + tables(rows, measures, args.boot))
     print("\n" + shift_and_band(rows, measures, args.boot))
     if not args.no_scramble:

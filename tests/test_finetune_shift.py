@@ -34,7 +34,7 @@ def test_the_shifted_test_set_is_the_same_task_further_shifted(dataset):
 
 
 def test_the_token_shift_doubles_the_noise():
-    x, _ = experiment.shifted_test({**TOKENS, "beta": 1.0})
+    x, _ = experiment.shifted_test(TOKENS)
     clean = load_task({**TOKENS, "seed": 2, "noise": 0.0}).x_test
     half = load_task({**TOKENS, "seed": 2, "noise": 0.2}).x_test
     changed = (x != clean).double().mean()

@@ -27,7 +27,8 @@ After every sweep over the classes the rotations themselves are solved
 stream reads every head's query, key and value rows) compare like with like,
 and so are the sign groups of classes that no permutation acts on
 (:func:`lone_signs`: per unit, the combination of the class's signs whose negated
-entries overlap most with the reference's). The sweeps stop when no class, sign and rotation moves.
+entries overlap most with the reference's). The sweeps stop when no class, sign and
+rotation moves.
 """
 
 from __future__ import annotations
@@ -329,7 +330,7 @@ def lone_signs(spec: SymmetrySpec, ref_rows: dict, other: dict) -> list[tuple[in
         overlap: dict[tuple[int, ...], torch.Tensor] = {}
         for (pattern, rows_ref), (_, rows) in zip(patterns_ref, patterns, strict=True):
             corr = (rows_ref.double() * rows.double()).sum(1)
-            overlap[pattern] = overlap[pattern] + corr if pattern in overlap else corr
+            overlap[pattern] = overlap.get(pattern, 0.0) + corr
         for i, signs in zip(groups, best_signs(len(groups), overlap), strict=True):
             if (signs < 0).any():
                 comps.append((i, signs))
