@@ -17,8 +17,11 @@ Git Re-Basin-shaped ``MLP(40, [512, 512, 512], 10)`` on ``mnist1d-large``
 two pre-LN blocks; Adam, 90 epochs). For each pair it moves model B onto model
 A's basis with
 
-* ``wsym``: ``wsym.align(..., "weights")``, the default: permutations matched
-  and continuous groups fitted to A, alternately;
+* ``wsym``: ``wsym.align(..., "weights", model=, batches=)``, the default: its
+  candidates (permutations matched and continuous groups fitted to A, alternately,
+  from several starts) ranked by the loss along the path, the two lowest then
+  refined by the path fit (``refine="auto"``), the lowest kept;
+* ``wsym no refine``: the same with ``refine="none"`` (the previous default);
 * ``wsym canonical``: ``continuous="canonical"`` (both canonicalized in their
   continuous groups, then matched);
 * ``wsym biases matched``: ``biases="matched"`` (the previous default: every
@@ -296,6 +299,7 @@ def curve_json(curve: Curve) -> dict:
 ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, rebasin torch seed)
 ALIGNERS = {
     "wsym": {"method": "weights", "continuous": "auto"},  # the default: chosen by the path loss
+    "wsym no refine": {"method": "weights", "continuous": "auto", "refine": "none"},  # before
     "wsym reference": {"method": "weights", "continuous": "reference"},  # the previous default
     "wsym no data": {"method": "weights", "continuous": "auto", "data": False},  # chosen by D
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
@@ -322,6 +326,7 @@ ALIGNERS = {
 }
 REPAIRED = (
     "wsym",
+    "wsym no refine",
     "wsym reference",
     "wsym no data",
     "wsym biases matched",
@@ -393,7 +398,7 @@ def run_pair(cfg: dict, orders: int, cache: Path, only_methods=None) -> dict:
                     continuous=kw["continuous"],
                     residual=kw.get("residual", "permutation"),
                     biases=kw.get("biases", "auto"),
-                    refine=kw.get("refine", "none"),
+                    refine=kw.get("refine", "auto"),
                     model=model_a if data else None,
                     batches=stat_batches if data else None,
                     seed=seed,
@@ -458,6 +463,7 @@ def seconds(runs: list[dict]) -> float | None:
 
 COLUMNS = (
     "wsym",
+    "wsym no refine",
     "wsym reference",
     "wsym no data",
     "wsym canonical",
@@ -477,9 +483,10 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
     ms = res["methods"]
     naive = ms["naive"][0][split].barrier
     w_s, aw_s, rb_s = seconds(ms["wsym"]), seconds(ms["wsym act+weights"]), seconds(ms["rebasin"])
-    rot_s, path_s = seconds(ms["wsym rotation"]), seconds(ms["wsym rotation path"])
+    nr_s, rot_s = seconds(ms["wsym no refine"]), seconds(ms["wsym rotation"])
+    path_s = seconds(ms["wsym rotation path"])
     times = (
-        *(f"{s:.3f}" if s is not None else "" for s in (w_s, aw_s, rot_s, path_s, rb_s)),
+        *(f"{s:.3f}" if s is not None else "" for s in (w_s, nr_s, aw_s, rot_s, path_s, rb_s)),
         f"{rb_s / w_s:.2f}" if rb_s is not None and w_s else "",
     )
     rows = [(res["name"], f"{naive:.3f}", *(cell(ms[k], split, naive) for k in COLUMNS), *times)]
@@ -493,6 +500,7 @@ def table_rows(res: dict, split: str) -> list[tuple[str, ...]]:
             label,
             f"{naive_r:.3f}",
             cell(ms["wsym"], key, naive_r, stars),
+            cell(ms["wsym no refine"], key, naive_r, stars),
             cell(ms["wsym reference"], key, naive_r, stars),
             cell(ms["wsym no data"], key, naive_r, stars),
             "",
@@ -515,6 +523,7 @@ def print_table(results: list[dict], split: str) -> None:
         "naive",
         *COLUMNS,
         "wsym s",
+        "no refine s",
         "a+w s",
         "rot s",
         "path s",
@@ -537,9 +546,10 @@ def report(results: list[dict], orders: int) -> None:
         print_table(results, split)
     print(
         "\n* the aligned model B computes a different function (relative output change > 1e-3)."
-        "\nwsym: wsym.align(method='weights', model=, batches=), the default continuous='auto'"
-        " (the candidate with the lowest loss along the path); wsym reference:"
-        " continuous='reference' (the previous default); wsym no data: 'auto' without data"
+        "\nwsym: wsym.align(method='weights', model=, batches=), the default continuous='auto',"
+        " refine='auto' (the candidate with the lowest loss along the path, the two lowest"
+        " refined by the path fit); wsym no refine: refine='none' (the previous default);"
+        " wsym reference: continuous='reference'; wsym no data: 'auto' without data"
         " (lowest weight-matching objective);"
         " wsym canonical: continuous='canonical';"
         "\nwsym biases matched: biases='matched' (the previous default: every parameter in the"
@@ -551,8 +561,8 @@ def report(results: list[dict], orders: int) -> None:
         "\nunits held at activation matching's permutations); wsym rotation path: rotation act,"
         " then refine='path'\n(continuous groups fitted to the train loss along the path)."
         "\nREPAIR / BN statistics reset at every point of the path on 4 train batches of 256."
-        "\nwsym s, a+w s, rot s, path s, rebasin s: median CPU seconds of one alignment"
-        " (spec given; rebasin traces the pair itself); wsym.detect: see below."
+        "\nwsym s, no refine s, a+w s, rot s, path s, rebasin s: median CPU seconds of one"
+        " alignment (spec given; rebasin traces the pair itself); wsym.detect: see below."
     )
     print("\nFinal models (seed 0 / seed 1): train accuracy, test accuracy, training CPU seconds")
     for res in results:
@@ -580,7 +590,7 @@ def report(results: list[dict], orders: int) -> None:
     for res in results:
         parts = [
             f"{name}: " + ", ".join(r.get("chosen", "?") for r in res["methods"][name])
-            for name in ("wsym", "wsym no data")
+            for name in ("wsym", "wsym no refine", "wsym no data")
             if res["methods"].get(name)
         ]
         print(f"  {res['name']:<12} " + "; ".join(parts))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import wsym
-from wsym.align.alignment import RECOVERY_ONLY, RECOVERY_ONLY_WITHOUT_DATA
+from wsym.align.alignment import RECOVERY_ONLY, RECOVERY_ONLY_WITHOUT_DATA, REFINED
 from wsym.align.choice import path_objective
 from wsym.align.continuous import mismatch
 from wsym.models.networks import MLP, CNN1d, ResidualCNN, TinyTransformer
@@ -67,21 +67,49 @@ def test_default_objective_is_never_above_a_candidate(name):
 
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_default_with_data_keeps_the_lowest_path_loss(name):
-    """With data: the path loss, never above any candidate's or any other method's."""
+    """With data: the path loss, never above any candidate's or any other method's.
+
+    The candidates include the two lowest refined by the path fit (``"<name> + path"``);
+    the other methods are compared unrefined.
+    """
     model, sd_a, sd_b, spec, batches = data_pair(name)
     moved, report = wsym.align(sd_a, sd_b, spec, model=model, batches=batches, with_report=True)
     assert report.objective == "path"
     assert {"identity", "canonical", "canonical once", "activations"} <= set(report.values)
+    refined = [k for k in report.values if k.endswith(" + path")]
+    assert len(refined) == REFINED
     best = path_objective(model, sd_a, moved, batches)
     ranked = [v for k, v in report.values.items() if k not in RECOVERY_ONLY]
     assert best == pytest.approx(min(ranked), rel=1e-9)
+    unrefined = wsym.align(sd_a, sd_b, spec, model=model, batches=batches, refine="none")
+    assert best <= path_objective(model, sd_a, unrefined, batches) + 1e-12
     options = [("weights", c) for c in ("reference", "canonical", "canonical+reference")]
     options += [(m, "reference") for m in ("activations", "activations+weights")]
     for method, continuous in options:
         other = wsym.align(
-            sd_a, sd_b, spec, method, continuous=continuous, model=model, batches=batches
+            sd_a,
+            sd_b,
+            spec,
+            method,
+            continuous=continuous,
+            model=model,
+            batches=batches,
+            refine="none",
         )
         assert best <= path_objective(model, sd_a, other, batches) + 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_refine_none_keeps_the_unrefined_choice(name):
+    """``refine="none"`` with data: the candidates' choice alone, no path fit."""
+    model, sd_a, sd_b, spec, batches = data_pair(name)
+    _, report = wsym.align(
+        sd_a, sd_b, spec, model=model, batches=batches, refine="none", with_report=True
+    )
+    assert not any(k.endswith(" + path") for k in report.values)
+    assert report.values[report.chosen] == min(
+        v for k, v in report.values.items() if k not in RECOVERY_ONLY
+    )
 
 
 def test_refine_path_runs_on_a_batchnorm_cnn():

@@ -49,11 +49,13 @@ class AlignReport:
         chosen: the winning candidate's name.
         objective: ``"weights"`` (weight-matching objective) or ``"path"`` (loss along the path).
         values: ``{candidate: objective}`` of every candidate run.
+        recovered: the chosen candidate is on the reference (a moved copy undone).
     """
 
     chosen: str
     objective: str
     values: dict
+    recovered: bool = False
 
 
 def has_targets(model, batches) -> bool:
@@ -112,7 +114,7 @@ def choose(
         distance = weight_distance(spec, ref, moved)
         if distance <= RECOVERED * scale:
             values[name] = 0.0
-            return moved, AlignReport(name, "path" if on_path else "weights", values)
+            return moved, AlignReport(name, "path" if on_path else "weights", values, True)
         if on_path:
             value = path_objective(model, ref, moved, batches, loss_fn)
         else:

@@ -41,7 +41,7 @@ def merge(
     method: str = "weights",
     continuous: str = "auto",
     residual: str = "permutation",
-    refine: str = "none",
+    refine: str = "auto",
     model: torch.nn.Module | None = None,
     batches=None,
     reset_batchnorm: bool = False,
@@ -69,9 +69,12 @@ def merge(
         continuous: ``"auto"`` (default), ``"reference"``, ``"canonical"`` or
             ``"canonical+reference"`` (see :func:`wsym.align`).
         residual: ``"permutation"`` or ``"rotation"`` (pre-LN streams, see :func:`wsym.align`).
-        refine: ``"none"`` or ``"path"``: each alignment's continuous groups then fitted
-            to the loss along the path (needs ``model`` and ``batches`` with targets;
-            ``loss_fn``, default cross-entropy; see :func:`wsym.align`).
+        refine: ``"auto"`` (default), ``"none"`` or ``"path"``: each alignment's
+            continuous groups then fitted to the loss along the path (needs ``model``
+            and ``batches`` with targets; ``loss_fn``, default cross-entropy; see
+            :func:`wsym.align`). ``"auto"`` fits the path of two members given data
+            and nothing for more: MergeMany aligns each member to the mean of the
+            others, whose weight spread its rounds minimize.
         model: the module (activation matching, BatchNorm reset, REPAIR, barriers).
         batches: iterable of ``(inputs, targets)`` (activation matching, statistics).
         reset_batchnorm: recompute BatchNorm running statistics of the merge on ``batches``.
@@ -109,6 +112,8 @@ def merge(
         raise WsymInputError(f"{needs_data} needs model= and batches=")
     batches = list(batches) if batches is not None else None
     ref = state_dicts[reference]
+    if refine == "auto" and len(state_dicts) > 2:
+        refine = "none"
 
     def aligned_to(target, sd):
         return align(

@@ -43,6 +43,7 @@ STEPS = 100
 LR = 1e-2
 # The fixed grid the result is checked on (the interior points of an 11-point path).
 GRID = tuple(i / 10 for i in range(1, 10))
+NO_TARGETS = "refine='path' needs batches of (inputs, targets) to take the loss on"
 
 
 def fitted_groups(spec: SymmetrySpec) -> list[int]:
@@ -96,7 +97,7 @@ def path_fit(
     """
     batches = joined_pairs(list(batches))
     if not batches or any(targets is None for _, targets in batches):
-        raise WsymInputError("refine='path' needs batches of (inputs, targets) to take the loss on")
+        raise WsymInputError(NO_TARGETS)
     groups = fitted_groups(spec)
     coords = [
         torch.zeros(

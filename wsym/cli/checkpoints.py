@@ -147,7 +147,7 @@ def _continuous_options() -> dict[str, tuple[tuple[str, ...], str]]:
         "--refine": (
             REFINE,
             "path: the continuous groups then fitted to the train loss along the path "
-            "(needs --data)",
+            "(needs --data); auto: path with --data, else none",
         ),
     }
 
@@ -180,7 +180,7 @@ def _check_continuous(args: argparse.Namespace) -> None:
             raise WsymInputError(f"unknown {flag} {value!r}; use one of {', '.join(choices)}")
     for flag in ("--residual", "--refine"):
         value = getattr(args, flag[2:])
-        if value == options[flag][0][0]:
+        if value in (options[flag][0][0], "none"):  # the default, or no refinement
             continue
         if args.continuous not in ("auto", "reference"):
             raise WsymInputError(
@@ -410,9 +410,12 @@ def _reset_batchnorm(model: Any, merged: dict, data: list) -> dict:
     return {k: fresh[k].to(v.dtype) if k in buffers else v for k, v in merged.items()}
 
 
-def _scratch(model: Any, method: str, residual: str = "permutation", refine: str = "none") -> Any:
-    """For activations, a rotated stream or the path fit, a float64 copy of ``model``."""
-    needs = method not in ("weights", "none") or residual == "rotation" or refine != "none"
+def _scratch(model: Any, method: str, residual: str = "permutation", refine: str = "auto") -> Any:
+    """For activations, a rotated stream or a requested path fit, a float64 copy of ``model``.
+
+    The default path fit (``--refine auto`` with ``--data``) runs at the model's dtype.
+    """
+    needs = method not in ("weights", "none") or residual == "rotation" or refine == "path"
     return copy.deepcopy(model).double() if needs else model
 
 

@@ -31,7 +31,9 @@ def section(ctx: ReportRun, doc: Document) -> dict:
         canon_b, canon_aligned = (canonicalize(sd, ctx.spec) for sd in (sd_b, by_weights))
         same = max(float((canon_aligned[k] - canon_b[k]).abs().max()) for k in canon_b)
         bar.update()
-        by_acts = align(sd_a, sd_b, ctx.spec, method="activations", model=model, batches=train)
+        by_acts = align(
+            sd_a, sd_b, ctx.spec, method="activations", refine="none", model=model, batches=train
+        )
         bar.update()
         curves = {
             "naive": interpolate(model, sd_a, sd_b, test, ctx.loss_fn, steps),
