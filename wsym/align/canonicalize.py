@@ -116,11 +116,12 @@ def canonical_element(
         tol = max(tol, 1e-5)
     kinds = set(kinds) if kinds is not None else {g.kind for g in spec.groups}
     comps: list = []
+    last: dict[int, int] = {}  # group -> position of its latest component in comps
 
     def apply(i, value):
         nonlocal work
         work = act(spec, GroupElement(((i, value),)), work)
-        _record(spec, comps, i, value)
+        _record(spec, comps, last, i, value)
 
     order = [
         i
@@ -179,7 +180,7 @@ def _settled(i: int, neighbours, solved_at: dict, moved_at: dict) -> bool:
     return moved_at.get(i, -1) <= since and all(moved_at.get(j, -1) < since for j in neighbours)
 
 
-def _record(spec: SymmetrySpec, comps: list, i: int, value) -> None:
+def _record(spec: SymmetrySpec, comps: list, last: dict, i: int, value) -> None:
     """Append ``(i, value)``, or fold it into group ``i``'s last component.
 
     Balancing sweeps apply each continuous group once per sweep; where every
@@ -187,19 +188,46 @@ def _record(spec: SymmetrySpec, comps: list, i: int, value) -> None:
     component (``s_old * s_new`` for scalings, ``M_old @ M_new`` for GL and
     orthogonal blocks). The element stays the same (up to round-off) and is
     shorter to apply and to invert: one component per group instead of one
-    per sweep.
+    per sweep. ``last`` (group -> position of its latest component) is kept up
+    to date; a component since ``i``'s last blocks the fold only if its group
+    does not commute with ``i`` (:func:`_non_commuting`), so the check costs
+    ``i``'s neighbours, not the components since.
     """
     group = spec.groups[i]
     kind = kind_of(group)
-    if kind.continuous and _linear(kind):
-        for j in range(len(comps) - 1, -1, -1):
-            k, old = comps[j]
-            if k == i:  # x -> x M_old -> x M_old M_new on the class axis; scales multiply
-                comps[j] = (i, kind.compose(group, value, old))
-                return
-            if not derived(spec, ("commute", i, k), lambda k=k: _commute(spec, i, k)):
-                break
+    j = last.get(i)
+    if j is not None and kind.continuous and _linear(kind):
+        if all(last.get(k, -1) < j for k in _non_commuting(spec, i)):
+            # x -> x M_old -> x M_old M_new on the class axis; scales multiply
+            comps[j] = (i, kind.compose(group, value, comps[j][1]))
+            return
+    last[i] = len(comps)
     comps.append((i, value))
+
+
+def _non_commuting(spec: SymmetrySpec, i: int) -> tuple[int, ...]:
+    """The groups whose components may not commute with group ``i``'s (memoized).
+
+    Only groups touching (writing, or reading as a BatchNorm correction) a tensor
+    that ``i`` touches can fail :func:`_commute`.
+    """
+
+    def touched(g) -> set:
+        return _writes(g) | {rv for _, rv, _, _ in g.corrections}
+
+    def index():
+        out: dict = {}
+        for k, g in enumerate(spec.groups):
+            for key in touched(g):
+                out.setdefault(key, set()).add(k)
+        return out
+
+    def find():
+        by_key = derived(spec, ("touch_index",), index)
+        near = set().union(*(by_key[key] for key in touched(spec.groups[i]))) - {i}
+        return tuple(sorted(k for k in near if not _commute(spec, i, k)))
+
+    return derived(spec, ("non_commuting", i), find)
 
 
 def _commute(spec: SymmetrySpec, i: int, k: int) -> bool:
