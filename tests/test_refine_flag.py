@@ -61,6 +61,21 @@ def test_merge_passes_refine_to_every_alignment_and_keeps_each_function(monkeypa
         assert float((after - before).abs().max()) <= 1e-9 * float(before.abs().max())
 
 
+@pytest.mark.parametrize(("members", "expected"), [(2, "auto"), (3, "none")])
+def test_merge_fits_the_path_by_default_for_two_members_only(monkeypatch, members, expected):
+    """MergeMany (three or more) aligns to the mean of the others: no path fit by default."""
+    torch.manual_seed(0)
+    net = Net(5, [8, 6], 3).double()
+    spec = wsym.detect(net, torch.randn(2, 5, dtype=torch.float64))
+    states = []
+    for seed in range(1, members + 1):
+        torch.manual_seed(seed)
+        states.append(double(Net(5, [8, 6], 3).state_dict()))
+    seen = spy(monkeypatch, MERGE)
+    wsym.merge(states, spec, model=net, batches=labelled_batches(net), rounds=1)
+    assert seen and set(seen) == {expected}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
@@ -134,16 +149,17 @@ def test_bad_alignment_options_exit_2_in_one_line(
     assert stdout == "" and os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("value", ["path", "none"])
 @pytest.mark.parametrize("command", ["align", "merge", "barrier"])
-def test_the_flag_reaches_the_aligner(capsys, files, tmp_path, monkeypatch, command):  # noqa: F811
+def test_the_flag_reaches_the_aligner(capsys, files, tmp_path, monkeypatch, command, value):  # noqa: F811
     seen = spy(monkeypatch, MERGE if command == "merge" else sys.modules["wsym"])
     out = tmp_path / ("b" if command == "barrier" else "x.pt")
     argv = [command, *MLP, files["a"], files["b"], "--out", out, "--data", "mnist1d"]
-    code, stdout, err = run(capsys, *argv, "--refine", "path", "--json")
+    code, stdout, err = run(capsys, *argv, "--refine", value, "--json")
     assert code == 0, err
-    assert seen == ["path"]
+    assert seen == [value]
     report = json.loads(stdout)
-    assert report["refine"] == "path"
+    assert report["refine"] == value
 
 
 def test_align_refined_along_the_path_keeps_the_function(capsys, files, tmp_path):  # noqa: F811

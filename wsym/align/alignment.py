@@ -201,7 +201,7 @@ def align(
             ``REFINED`` candidates with the lowest path loss are refined and the
             lowest of all kept (a refined one is reported as ``"<candidate> + path"``);
             a candidate on ``sd_ref`` is not refined. ``"none"``: no path fit
-            (2-3x faster with data).
+            (3-8x faster with data on benchmarks/alignment.py).
         loss_fn: ``loss_fn(outputs, targets)`` for ``refine="path"`` (default
             cross-entropy).
         model: the module (activation matching runs it at both state dicts).
