@@ -299,8 +299,8 @@ def curve_json(curve: Curve) -> dict:
 ORDERS = 5  # visiting orders of coordinate descent per aligner (wsym seed=, rebasin torch seed)
 ALIGNERS = {
     "wsym": {"method": "weights", "continuous": "auto"},  # the default: chosen by the path loss
-    "wsym no refine": {"method": "weights", "continuous": "auto", "refine": "none"},  # before
-    "wsym reference": {"method": "weights", "continuous": "reference"},  # the previous default
+    "wsym no refine": {"method": "weights", "continuous": "auto", "refine": "none"},  # previous
+    "wsym reference": {"method": "weights", "continuous": "reference"},  # the fast one
     "wsym no data": {"method": "weights", "continuous": "auto", "data": False},  # chosen by D
     "wsym canonical": {"method": "weights", "continuous": "canonical"},
     "wsym biases matched": {"method": "weights", "continuous": "reference", "biases": "matched"},

@@ -115,6 +115,9 @@ REFINE = ("auto", "none", "path")
 # candidate on every order of the ViT, the tiny transformer, the CNN and the w=256 MLP when all
 # were refined (3-5x the time).
 REFINED = 2
+# The values of residual= and refine= that need the model, batches and continuous "auto" or
+# "reference", with the value to use instead.
+NEEDS_MODEL = {"residual": (("rotation",), "permutation"), "refine": (("path",), "none")}
 DATA_METHODS = ("activations", "activations+weights")
 # continuous="reference" matches raw weights where both checkpoints are near their balanced
 # point: every unit within this factor (log) of its balanced scale, every GL block's balancing
@@ -250,12 +253,11 @@ def align(
     )
     if biases not in BIASES:
         raise WsymInputError(f"unknown biases {biases!r}; use one of {', '.join(BIASES)}")
+    _check_option("refine", refine, REFINE, "refinement", " of (inputs, targets)", *checked)
     batches = list(batches) if batches is not None else None
     if refine == "auto":
         path_ready = has_targets(model, batches) and continuous == "auto"
         refine = "path" if path_ready else "none"
-    needs = " of (inputs, targets)"
-    _check_option("refine", refine, ("none", "path"), "refinement", needs, *checked)
     if refine == "path" and not has_targets(model, batches):
         raise WsymInputError(NO_TARGETS)
     options = {"model": model, "batches": batches, "max_iter": max_iter, "seed": seed}
@@ -512,12 +514,13 @@ def _refined(spec, model, ref, cur, batches, loss_fn, seed, centered=frozenset()
 def _check_option(name, value, choices, noun, needs, continuous, model, batches) -> None:
     """Refuse, in one line, an unknown ``value`` of the option ``name``.
 
-    Its non-default values (``choices[1:]``) also need ``continuous="reference"``,
+    Its values in :data:`NEEDS_MODEL` also need ``continuous="reference"`` or ``"auto"``,
     the model and ``batches`` (``needs`` says what for).
     """
     if value not in choices:
         raise WsymInputError(f"unknown {noun} {value!r}; use one of {', '.join(choices)}")
-    if value == choices[0]:
+    needing, instead = NEEDS_MODEL[name]
+    if value not in needing:
         return
     if continuous not in ("auto", "reference"):
         raise WsymInputError(
@@ -525,7 +528,7 @@ def _check_option(name, value, choices, noun, needs, continuous, model, batches)
         )
     if model is None or not batches:
         raise WsymInputError(
-            f"{name}={value!r} needs model= and batches={needs}; or use {name}={choices[0]!r}"
+            f"{name}={value!r} needs model= and batches={needs}; or use {name}={instead!r}"
         )
 
 

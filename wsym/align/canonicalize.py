@@ -213,7 +213,7 @@ def _non_commuting(spec: SymmetrySpec, i: int) -> tuple[int, ...]:
     """
 
     def touched(g) -> set:
-        return _writes(g) | {rv for _, rv, _, _ in g.corrections}
+        return _writes(g) | _reads(g)
 
     def index():
         out: dict = {}
@@ -239,8 +239,7 @@ def _commute(spec: SymmetrySpec, i: int, k: int) -> bool:
     """
     a, b = spec.groups[i], spec.groups[k]
     writes_a, writes_b = _writes(a), _writes(b)
-    reads_a = {rv for _, rv, _, _ in a.corrections}
-    reads_b = {rv for _, rv, _, _ in b.corrections}
+    reads_a, reads_b = _reads(a), _reads(b)
     if reads_a & writes_b or reads_b & writes_a:
         return False
     if not writes_a & writes_b:
@@ -259,6 +258,11 @@ def _linear(kind) -> bool:
 def _writes(g) -> set:
     keys = set(g.params) | {w for w, _, _, _ in g.corrections}
     return keys | {p for p, _ in kind_of(g).extra_axes(g)}
+
+
+def _reads(g) -> set:
+    """The running variances a group's BatchNorm corrections read."""
+    return {rv for _, rv, _, _ in g.corrections}
 
 
 def _warn_degenerate(spec: SymmetrySpec, sd: dict, order) -> None:

@@ -173,14 +173,15 @@ def _check_continuous(args: argparse.Namespace) -> None:
     work with ``--continuous auto`` or ``reference`` only, need ``--data``, and (``wsym barrier``)
     an alignment.
     """
-    options = _continuous_options()
-    for flag, (choices, _) in options.items():
+    from wsym.align.alignment import NEEDS_MODEL
+
+    for flag, (choices, _) in _continuous_options().items():
         value = getattr(args, flag[2:])
         if value not in choices:
             raise WsymInputError(f"unknown {flag} {value!r}; use one of {', '.join(choices)}")
     for flag in ("--residual", "--refine"):
         value = getattr(args, flag[2:])
-        if value in (options[flag][0][0], "none"):  # the default, or no refinement
+        if value not in NEEDS_MODEL[flag[2:]][0]:
             continue
         if args.continuous not in ("auto", "reference"):
             raise WsymInputError(
