@@ -39,7 +39,9 @@ def sites_at_states(model: torch.nn.Module, state_dicts: list, batches, sites) -
     """:func:`site_activations` at each of ``state_dicts``, the model traced once.
 
     Batches of one tensor with the same trailing shape run as one batch (a
-    recorded forward pass costs per operation, not per sample).
+    recorded forward pass costs per operation, not per sample). A model with
+    kernels only for float32 and below (Hugging Face's mixture-of-experts
+    ``grouped_mm``) runs in float32; its activations are returned in float64.
     """
     batches = _joined(list(batches))
     if not batches:
@@ -47,14 +49,16 @@ def sites_at_states(model: torch.nn.Module, state_dicts: list, batches, sites) -
             "no batches given for activation matching; pass a few (inputs, targets)"
         )
     traced = detection_trace(model, batches[0][0])  # the graph the sites name nodes of
-    return [_activations(model, traced, sd, batches, sites) for sd in state_dicts]
+    try:
+        return [_activations(model, traced, sd, batches, sites) for sd in state_dicts]
+    except RuntimeError as err:
+        if "Double" not in str(err) and "float64" not in str(err):
+            raise
+    return [_activations(model, traced, sd, batches, sites, torch.float32) for sd in state_dicts]
 
 
-def _activations(model, traced, state_dict: dict, batches: list, sites) -> dict:
-    state = {
-        k: v.detach().to(torch.float64) if v.is_floating_point() else v
-        for k, v in state_dict.items()
-    }
+def _activations(model, traced, state_dict: dict, batches: list, sites, dtype=torch.float64):
+    state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     wanted = {node for node, _ in sites}
     if traced.program is None:  # recorded: record again, keeping the sites' values
         context = _at_state_in_eval(model, state)
@@ -63,7 +67,7 @@ def _activations(model, traced, state_dict: dict, batches: list, sites) -> dict:
             seen = recorded_values(model, args, kwargs, wanted)
             if not wanted <= set(seen):
                 raise WsymInputError(
-                    "activation matching: the model's float64 forward pass runs other "
+                    f"activation matching: the model's {dtype} forward pass runs other "
                     "operations than the traced one; use method='weights'"
                 )
             return seen
@@ -84,7 +88,7 @@ def _activations(model, traced, state_dict: dict, batches: list, sites) -> dict:
                 continue
             args, kwargs = model_inputs(model, inputs)
             args = tuple(
-                a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+                a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
             )
             seen = values(args, kwargs)
             for node, d in sites:

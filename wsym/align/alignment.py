@@ -613,14 +613,19 @@ def activation_matching(
     out where the class has other sites, and otherwise paired on
     ``|correlation|``; the flips themselves are matched afterwards, on the
     weights. Returns the permutation components and the permutation groups
-    they settle (those with a site, moved or not).
+    they settle (those with a site, moved or not; not the groups with one copy
+    per index value, whose sites see every copy's units at once).
     """
     from wsym.align.activations import sites_at_states
 
     sites: dict[int, list] = {}
     for c, node, d in spec.sites:
         sites.setdefault(c, []).append((node, d))
-    groups = {i: g for i, g in enumerate(spec.groups) if kind_of(g).permutes and g.cls in sites}
+    groups = {  # a group with one copy per expert is matched on the weights, per copy
+        i: g
+        for i, g in enumerate(spec.groups)
+        if kind_of(g).permutes and g.cls in sites and not g.index
+    }
     if not groups:
         return [], set()
     wanted = {s for g in groups.values() for s in sites[g.cls]}

@@ -16,6 +16,9 @@ Then discrete conventions: each unit's largest flippable entry is made positive
 (sign), the largest entry of each GL/orthogonal column is made positive, and
 units are sorted by permutation-invariant keys (their squared norm, then their
 sum). ``canonicalize(act(g, sd)) == canonicalize(sd)`` for every element ``g``.
+A group with one copy per index value (one ``S_n`` per expert of a mixture of
+experts) is balanced, signed and sorted per copy; the experts' own permutation
+sorts them by keys that no permutation inside an expert changes.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from wsym.group.units import (
     block_matrices,
     odd_rows,
     own_odd_rows,
-    per_class_only,
     shared_odd,
     unit_matrix,
     unit_sums,
@@ -160,9 +162,8 @@ def canonical_element(
         apply(i, value)
     for i, g in enumerate(spec.groups):
         if g.kind in kinds and kind_of(g).permutes:
-            per_class_only(g, "canonicalize")
-            perm = _order(unit_matrix(spec, work, g.cls))
-            if (perm != torch.arange(len(perm))).any():
+            perm = _order(unit_matrix(spec, work, g.cls, group=g))
+            if (perm != torch.arange(perm.shape[-1])).any():
                 apply(i, perm)
     return work, GroupElement(tuple(comps))
 
@@ -318,7 +319,7 @@ def _discrete_conventions(spec: SymmetrySpec, kinds: set, state):
         if kind_of(g).flips:  # shared with the sign groups still pending
             rows = own_odd_rows(spec, state(), ready, todo, pending - {g.cls})
             rows = rows if rows is not None else odd_rows(spec, state(), g)
-            value = _column_signs(rows.transpose(0, 1))
+            value = _column_signs(rows.transpose(-1, -2))
             if (value < 0).any():
                 yield ready, value
         else:
@@ -378,7 +379,7 @@ def _balance(sums: dict[int, torch.Tensor], normalize: bool) -> torch.Tensor:
     BatchNorm's own normalization of the same weights, without end.
     """
     exps = sorted(sums)
-    n = next(iter(sums.values())).shape[0]
+    shape = next(iter(sums.values())).shape  # (n,), or (*index, n) per copy
     live = torch.stack([sums[e] for e in exps]).sum(0) > 0
     if exps[0] > 0 or exps[-1] < 0:
         return _normalized(sums)
@@ -388,7 +389,7 @@ def _balance(sums: dict[int, torch.Tensor], normalize: bool) -> torch.Tensor:
         neg = sum(v for e, v in sums.items() if e < 0) > 0
         one = _normalized({e: v for e, v in sums.items() if e > 0})
         return torch.where(pos & neg, two, torch.where(pos, one, _normalized(sums)))
-    u = torch.zeros(n, dtype=sums[exps[0]].dtype)
+    u = torch.zeros(shape, dtype=sums[exps[0]].dtype)
     if -1 in sums and 1 in sums:
         ok = (sums[-1] > 0) & (sums[1] > 0)
         u = torch.where(
@@ -452,9 +453,13 @@ def _column_signs(u: torch.Tensor) -> torch.Tensor:
 
 
 def _order(units: torch.Tensor) -> torch.Tensor:
-    """Units sorted by squared norm, then by sum (both invariant to other permutations)."""
-    keys = torch.stack([units.pow(2).sum(1), units.sum(1)], dim=1)
-    order = torch.arange(units.shape[0])
-    for col in reversed(range(keys.shape[1])):  # stable lexicographic sort, descending
-        order = order[torch.sort(-keys[order, col], stable=True).indices]
+    """Units sorted by squared norm, then by sum (both invariant to other permutations).
+
+    Shapes:
+        ``units``: ``(*index, n, features)``; returns ``(*index, n)`` (one order per copy).
+    """
+    keys = (units.pow(2).sum(-1), units.sum(-1))
+    order = torch.arange(units.shape[-2]).expand(keys[0].shape).contiguous()
+    for key in reversed(keys):  # stable lexicographic sort, descending
+        order = order.gather(-1, torch.sort(-key.gather(-1, order), stable=True).indices)
     return order

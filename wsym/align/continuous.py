@@ -225,7 +225,8 @@ def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]
     """Per unit, ``argmin_{s > 0} sum_e A_e s^(2e) - 2 B_e s^e`` (``s = 1`` if nothing is lower).
 
     Shapes:
-        ``squares``, ``inner``: ``{exponent: (n,)}`` (``A_e``, ``B_e``); returns ``(n,)``.
+        ``squares``, ``inner``: ``{exponent: (*index, n)}`` (``A_e``, ``B_e``; one copy
+        per index value of a group with index classes); returns ``(*index, n)``.
 
     Example:
         >>> a = {1: torch.tensor([4.0]).double(), -1: torch.tensor([1.0]).double()}
@@ -237,9 +238,11 @@ def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]
         2.0
     """
     exps = sorted(squares)
-    n = squares[exps[0]].shape[0]
+    shape = squares[exps[0]].shape
+    n = shape.numel()
     zero = torch.zeros(n, dtype=torch.float64)
-    inner = {e: inner.get(e, zero) for e in exps}
+    squares = {e: v.reshape(n) for e, v in squares.items()}
+    inner = {e: inner[e].reshape(n) if e in inner else zero for e in exps}
     low = min(min(2 * e, e) for e in exps)  # multiply by s^-low: every power >= 0
     degree = max(max(2 * e, e) for e in exps) - low
     cols: dict[int, torch.Tensor] = {}
@@ -264,7 +267,7 @@ def best_scales(squares: dict[int, torch.Tensor], inner: dict[int, torch.Tensor]
         squares[e][:, None] * cand.pow(2 * e) - 2 * inner[e][:, None] * cand.pow(e) for e in exps
     )
     value = functools.reduce(operator.add, terms)
-    return cand.gather(1, value.argmin(1)[:, None]).squeeze(1)
+    return cand.gather(1, value.argmin(1)[:, None]).reshape(shape)
 
 
 def _positive_real_roots(monic: torch.Tensor) -> torch.Tensor:

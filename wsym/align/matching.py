@@ -29,6 +29,15 @@ and so are the sign groups of classes that no permutation acts on
 (:func:`lone_signs`: per unit, the combination of the class's signs whose negated
 entries overlap most with the reference's). The sweeps stop when no class, sign and
 rotation moves.
+
+A permutation group with one copy per index value (one ``S_n`` per expert of a
+mixture of experts) is matched per copy: its pairing scores are ``(*index, n, n)``,
+one assignment per copy, in the current basis of the index classes. The experts'
+own permutation is a class of its own, and the permutations inside the experts
+are maximized inside its pairing score: pairing expert ``i`` with expert ``j``
+scores what the best assignment of ``j``'s units onto ``i``'s gains (one assignment
+per pair of experts, up to :data:`INNER_LIMIT` units), so that experts are paired
+whatever order their units are in.
 """
 
 from __future__ import annotations
@@ -50,11 +59,14 @@ from wsym.group.units import (
     block_matrices,
     odd_patterns,
     own_odd_rows,
-    per_class_only,
     unit_matrix,
 )
 
 ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
+# Per-copy permutations inside an index class (an expert's units) are maximized inside that
+# class's pairing score (index^2 assignments) up to this many units; above, the experts
+# are paired on their units in the current order.
+INNER_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,11 @@ class ClassPlan:
             block with it: between its solves a few columns of its unit matrix move,
             so the matrix is kept to update the pairing score (:func:`plain_score`);
             otherwise the score is taken block by block (:class:`~wsym.group.units.ClassRows`)
-            and nothing is kept.
+            and nothing is kept. A group with one copy per index value shares its
+            blocks with its index classes: its unit matrix is ``(*index, n, features)``.
+        inner: plans of the permutation groups with one copy per unit of this class
+            (an expert's hidden units, this class the experts), maximized inside its
+            pairing score (:func:`inner_gain`).
     """
 
     group: int
@@ -80,6 +96,7 @@ class ClassPlan:
     coupled: frozenset[int]
     fixed: bool = False
     incremental: bool = True
+    inner: tuple[ClassPlan, ...] = ()
 
 
 def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
@@ -89,7 +106,6 @@ def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
         groups = [i for i, g in enumerate(spec.groups) if kind_of(g).permutes]
     out = []
     for i in groups:
-        per_class_only(spec.groups[i], "weight matching")
         cls = spec.groups[i].cls
         signs = tuple(j for j, g in enumerate(spec.groups) if kind_of(g).flips and g.cls == cls)
         blocks = tuple(
@@ -97,22 +113,30 @@ def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
         )
         coupled = frozenset(block_classes(spec, spec.groups[i], itself=True))
         incremental = bool(coupled & permuted)
-        out.append(ClassPlan(i, signs, blocks, coupled, i in fixed, incremental))
+        inner = tuple(
+            plans(spec, [j])[0]
+            for j, g in enumerate(spec.groups)
+            if kind_of(g).permutes and g.index == (cls,) and g.size <= INNER_LIMIT
+        )
+        out.append(ClassPlan(i, signs, blocks, coupled, i in fixed, incremental, inner))
     return out
 
 
 def class_units(spec: SymmetrySpec, sd: dict, plan: ClassPlan) -> tuple:
-    """``(unit rows, [odd rows per sign group], [block matrices per GL group])``.
+    """``(unit rows, [odd rows per sign group], [block matrices per GL group], [inner units])``.
 
     The unit rows are :func:`~wsym.group.units.unit_matrix` for an
     :attr:`ClassPlan.incremental` class, else a :class:`~wsym.group.units.ClassRows`
     that reads ``sd`` block by block when the score is taken.
     """
-    cls = spec.groups[plan.group].cls
-    full = unit_matrix(spec, sd, cls) if plan.incremental else ClassRows(spec, sd, cls)
+    group = spec.groups[plan.group]
+    if plan.incremental:
+        full = unit_matrix(spec, sd, group.cls, group=group)
+    else:
+        full = ClassRows(spec, sd, group.cls)
     odds = [own_odd_rows(spec, sd, s, plan.signs) for s in plan.signs]
     blocks = [block_matrices(spec, sd, spec.groups[b]) for b in plan.blocks]
-    return full, odds, blocks
+    return full, odds, blocks, [class_units(spec, sd, p) for p in plan.inner]
 
 
 def pairing_score(
@@ -120,17 +144,21 @@ def pairing_score(
 ):
     """``(score, plain, odd correlations)``: the ``(n, n)`` pairing scores of a class.
 
+    ``(*index, n, n)``, one per copy, for a group with index classes.
+
     ``plain = R C^T`` is the score with nothing else free; ``score`` adds what
     the best sign per sign group and the best rotation per GL block gain.
     ``previous``, a ``(C_old, R C_old^T)`` pair, lets ``plain`` be updated on
     the columns where ``C`` changed (see :func:`plain_score`).
     """
-    (ref_full, ref_odds, ref_blocks), (cur_full, cur_odds, cur_blocks) = ref_units, cur_units
+    ref_full, ref_odds, ref_blocks, ref_inner = ref_units
+    cur_full, cur_odds, cur_blocks, cur_inner = cur_units
     plain = plain_score(ref_full, cur_full, previous)
-    score = plain.clone() if any(o is not None for o in ref_odds) or any(ref_blocks) else plain
+    others = any(o is not None for o in ref_odds) or any(ref_blocks) or ref_inner
+    score = plain.clone() if others else plain
     odds = []
     for r, c in zip(ref_odds, cur_odds, strict=True):
-        odd = None if r is None else r @ c.T
+        odd = None if r is None else r @ c.transpose(-1, -2)
         odds.append(odd)
         if odd is not None:
             score += odd.abs() - odd
@@ -145,7 +173,33 @@ def pairing_score(
             negative = torch.linalg.det(cross) < 0
             best = best - 2 * torch.where(negative, sv[..., -1], torch.zeros_like(best))
         score += best - torch.diagonal(cross, dim1=-2, dim2=-1).sum(-1)
+    for inner, r, c in zip(plan.inner, ref_inner, cur_inner, strict=True):
+        score += inner_gain(spec, inner, r, c)
     return score, plain, odds
+
+
+def inner_gain(spec: SymmetrySpec, inner: ClassPlan, ref_units: tuple, cur_units: tuple):
+    """``(m, m)``: per pair of index values, what the best per-copy assignment gains.
+
+    ``inner`` is a permutation group with one copy per value of an index class of
+    ``m`` values (an expert's units); entry ``[i, j]`` is the best assignment's
+    score of copy ``j``'s units onto copy ``i``'s (signs maximized inside, as
+    :func:`pairing_score` does) less the score of their current order, which the
+    index class's plain score already holds.
+    """
+    m = ref_units[0].shape[0]
+    gain = torch.zeros(m, m, dtype=ref_units[0].dtype)
+    for i, j in itertools.product(range(m), repeat=2):
+        score, plain, _ = pairing_score(spec, inner, _copy(ref_units, i), _copy(cur_units, j))
+        best = score.gather(-1, assignment(score).unsqueeze(-1)).sum()
+        gain[i, j] = best - plain.trace()
+    return gain
+
+
+def _copy(units: tuple, i: int) -> tuple:
+    """Copy ``i`` of a per-copy group's :func:`class_units` (its rows and odd rows)."""
+    full, odds, blocks, inner = units
+    return full[i], [None if o is None else o[i] for o in odds], blocks, inner
 
 
 def plain_score(ref: torch.Tensor, cur: torch.Tensor, previous=None) -> torch.Tensor:
@@ -158,7 +212,8 @@ def plain_score(ref: torch.Tensor, cur: torch.Tensor, previous=None) -> torch.Te
     quarter of the columns the product is formed anew.
 
     Shapes:
-        ``ref``, ``cur``, ``old``: ``(n, features)``; returns ``(n, n)``.
+        ``ref``, ``cur``, ``old``: ``(n, features)``; returns ``(n, n)``. Per copy
+        (``(*index, n, features)``) the product is formed anew.
 
     Example:
         >>> ref, old = torch.randn(2, 4, 6, dtype=torch.float64)
@@ -168,6 +223,8 @@ def plain_score(ref: torch.Tensor, cur: torch.Tensor, previous=None) -> torch.Te
     """
     if isinstance(ref, ClassRows):
         return ref.product(cur)
+    if cur.dim() > 2:
+        return ref @ cur.transpose(-1, -2)
     if previous is not None and previous[0].shape == cur.shape:
         old, old_plain = previous
         changed = (cur != old).any(0).nonzero().squeeze(1)
@@ -189,20 +246,43 @@ def match_class(
     cur = class_units(spec, current, plan)
     previous = memo.get(plan.group) if memo is not None else None
     score, plain, odds = pairing_score(spec, plan, ref_units, cur, previous)
-    rows = torch.arange(len(score))
-    perm = rows if plan.fixed else assignment(score, warm=warm or previous is not None)
-    gain = float(score[rows, perm].sum() - score.trace())
-    if gain <= round_off(score.dtype) * max(1.0, float(plain.trace().abs())):
-        perm = rows  # no strict gain from moving units: keep them, only fix signs
+    rows = torch.arange(score.shape[-1]).expand(score.shape[:-1])
+    if plan.fixed:
+        perm = rows
+    else:
+        perm = per_copy_assignment(score, warm=warm or previous is not None)
+        # no strict gain from moving a copy's units: keep them, only fix signs
+        gain = score.gather(-1, perm.unsqueeze(-1)).sum((-2, -1)) - _trace(score)
+        tie = gain <= round_off(score.dtype) * _trace(plain).abs().clamp_min(1.0)
+        perm = torch.where(tie.unsqueeze(-1), rows, perm)
     step = [(plan.group, perm)] if (perm != rows).any() else []
-    if memo is not None and plan.incremental:  # its rows move with its permutation, so do columns
+    if memo is not None and plan.incremental and score.dim() == 2:
+        # its rows move with its permutation, so do the columns of its score
         memo[plan.group] = (cur[0][perm], plain[:, perm]) if step else (cur[0], plain)
     for s, odd in zip(plan.signs, odds, strict=True):
         if odd is not None:
-            flips = torch.where(odd[rows, perm] < 0, -1.0, 1.0).to(torch.float64)
+            paired = odd.gather(-1, perm.unsqueeze(-1)).squeeze(-1)
+            flips = torch.where(paired < 0, -1.0, 1.0).to(torch.float64)
             if (flips < 0).any():
                 step.append((s, flips))
     return step
+
+
+def per_copy_assignment(score: torch.Tensor, warm: bool = False) -> torch.Tensor:
+    """:func:`~wsym.align.assignment.assignment` of each ``(n, n)`` matrix of ``score``.
+
+    Shapes:
+        ``score``: ``(*index, n, n)``; returns ``(*index, n)``.
+    """
+    if score.dim() == 2:
+        return assignment(score, warm=warm)
+    flat = score.reshape(-1, *score.shape[-2:])
+    return torch.stack([assignment(one, warm=warm) for one in flat]).reshape(score.shape[:-1])
+
+
+def _trace(x: torch.Tensor) -> torch.Tensor:
+    """Per copy, the trace of ``x`` (``(*index, n, n)``)."""
+    return torch.diagonal(x, dim1=-2, dim2=-1).sum(-1)
 
 
 def _apply(spec: SymmetrySpec, current: dict, step: list, comps: list, moved_at: dict, clock: int):

@@ -14,32 +14,36 @@ signatures of matching units are then equal, and one linear assignment per
 class on the squared distances between signatures finds the permutation,
 generically exactly; weight matching continues from there. Units mixed by a
 GL or orthogonal block (attention heads) have no such signature; their class
-is matched as well as the signatures allow and left to weight matching.
+is matched as well as the signatures allow and left to weight matching. A group
+with one copy per index value (one ``S_n`` per expert) is paired per copy, after
+the other classes (the experts themselves, whose signatures no permutation inside
+an expert changes) have been paired and applied.
 """
 
 from __future__ import annotations
 
 import torch
 
-from wsym.align.assignment import assignment
-from wsym.align.matching import plans
-from wsym.group.elements import GroupElement
-from wsym.group.spec import SymmetrySpec
-from wsym.group.units import _class_blocks
+from wsym.align.matching import per_copy_assignment, plans
+from wsym.group.elements import GroupElement, act
+from wsym.group.spec import Group, SymmetrySpec
+from wsym.group.units import _class_blocks, unit_rows
 
 
-def signature_distances(spec: SymmetrySpec, ref: dict, other: dict, cls: int) -> torch.Tensor:
-    """``(n, n)``: squared distances between the units' signatures of class ``cls``.
+def signature_distances(spec: SymmetrySpec, ref: dict, other: dict, group: Group) -> torch.Tensor:
+    """``(n, n)``: squared distances between the units' signatures of ``group``'s class.
 
-    Memory: one parameter block's sorted copy per checkpoint at a time.
+    ``(*index, n, n)`` per copy for a group with index classes. Memory: one
+    parameter block's sorted copy per checkpoint at a time.
     """
     total = None
+    cls = group.cls
     blocks_ref = _class_blocks(spec, ref, cls, False)
     blocks_other = _class_blocks(spec, other, cls, False)
     for (a, lv), (b, _) in zip(blocks_ref, blocks_other, strict=True):
         axis = next(i for i, leaf in enumerate(lv) if leaf.cls == cls)
-        rows_a = a.movedim(axis, 0).reshape(a.shape[axis], -1).abs().sort(dim=1).values
-        rows_b = b.movedim(axis, 0).reshape(b.shape[axis], -1).abs().sort(dim=1).values
+        rows_a = unit_rows(group, a, lv, axis).abs().sort(dim=-1).values
+        rows_b = unit_rows(group, b, lv, axis).abs().sort(dim=-1).values
         d = torch.cdist(rows_a.double(), rows_b.double()).pow(2)
         total = d if total is None else total + d
     return total
@@ -61,13 +65,18 @@ def signature_start(spec: SymmetrySpec, ref: dict, other: dict) -> GroupElement:
         >>> all(torch.equal(back[k], sd[k]) for k in sd)
         True
     """
-    comps = []
-    for plan in plans(spec):
-        cls = spec.groups[plan.group].cls
-        distances = signature_distances(spec, ref, other, cls)
-        if distances is None:
-            continue
-        perm = assignment(-distances)
-        if (perm != torch.arange(len(perm))).any():
-            comps.append((plan.group, perm))
+    comps: list = []
+    for per_copy in (False, True):
+        if per_copy and comps:
+            other = act(spec, GroupElement(tuple(comps)), other)
+        for plan in plans(spec):
+            group = spec.groups[plan.group]
+            if bool(group.index) != per_copy:
+                continue
+            distances = signature_distances(spec, ref, other, group)
+            if distances is None:
+                continue
+            perm = per_copy_assignment(-distances)
+            if (perm != torch.arange(perm.shape[-1])).any():
+                comps.append((plan.group, perm))
     return GroupElement(tuple(comps))

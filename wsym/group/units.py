@@ -6,12 +6,17 @@ helpers gather, for one class, a matrix with one row per unit (``unit_matrix``),
 per-unit sums (``unit_sums``) or, for GL/orthogonal groups, one ``(rows, h)``
 matrix per index value and parity (``block_matrices``, the block reader
 :func:`wsym.group.layout.gather`), in a fixed order that depends only on the spec.
+
+A permutation, scaling or sign group with index classes (one ``S_n`` per expert of a
+mixture of experts) is read per copy: its rows are ``(*index, n, features)`` and its
+sums ``(*index, n)``, index-major as its values are (:func:`wsym.group.kinds.base.per_unit`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from wsym.group.kinds.base import per_copy_rows
 from wsym.group.layout import block_at, block_plan, blocks_with, class_params, gather
 from wsym.group.layout import plan_leaves as _plan_leaves
 from wsym.group.memo import derived
@@ -63,8 +68,8 @@ def per_class_only(group: Group, who: str) -> None:
     """Refuse, in one line, a permutation/scaling/sign group with one copy per index value.
 
     Such a group (one ``S_n`` per expert of a mixture of experts) moves each
-    index value's units apart; a consumer reading one row per unit of the class
-    (``unit_matrix``, ``unit_sums``, ``odd_rows``) would treat it as one shared copy.
+    index value's units apart; a consumer that reads one row per unit of the class
+    would treat it as one shared copy (the readers here read it per copy).
     """
     from wsym.errors import WsymInputError
 
@@ -76,13 +81,25 @@ def per_class_only(group: Group, who: str) -> None:
         )
 
 
-def unit_matrix(spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False) -> torch.Tensor:
-    """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``."""
+def unit_matrix(
+    spec: SymmetrySpec, sd: dict, cls: int, with_buffers: bool = False, group: Group | None = None
+) -> torch.Tensor:
+    """``(n, features)``: every entry of every tensor, grouped by unit of class ``cls``.
+
+    ``(*index, n, features)`` per copy for a ``group`` of the class with index classes.
+    """
     cols = []
     for block, lv in _class_blocks(spec, sd, cls, with_buffers):
-        axes = [i for i, leaf in enumerate(lv) if leaf.cls == cls]
-        cols.append(block.movedim(axes[0], 0).reshape(block.shape[axes[0]], -1))
-    return torch.cat(cols, dim=1)
+        ax = next(i for i, leaf in enumerate(lv) if leaf.cls == cls)
+        cols.append(unit_rows(group, block, lv, ax))
+    return torch.cat(cols, dim=-1)
+
+
+def unit_rows(group: Group | None, block: torch.Tensor, lv, ax: int) -> torch.Tensor:
+    """``block``'s rows along class axis ``ax``: ``(n, f)``, or ``(*index, n, f)`` per copy."""
+    if group is not None and group.index:
+        return per_copy_rows(group, block, lv, ax)
+    return block.movedim(ax, 0).reshape(block.shape[ax], -1)
 
 
 class ClassRows:
@@ -136,15 +153,14 @@ def unit_sums(
     spec: SymmetrySpec, sd: dict, group: Group, power: int = 2
 ) -> dict[int, torch.Tensor]:
     """Scaling/sign group: ``{exponent: per-unit sum of |entry|**power}`` over parameters."""
-    per_class_only(group, "canonicalization of scalings")
     exps = dict(group.exponents)
     out: dict[int, torch.Tensor] = {}
     for block, lv in _class_blocks(spec, sd, group.cls):
         for ax, leaf in enumerate(lv):
             e = exps.get(leaf.var, 0)
             if leaf.cls == group.cls and e:
-                rows = block.movedim(ax, 0).reshape(block.shape[ax], -1)
-                rows = (rows * rows).sum(1) if power == 2 else rows.abs().pow(power).sum(1)
+                rows = unit_rows(group, block, lv, ax)
+                rows = (rows * rows).sum(-1) if power == 2 else rows.abs().pow(power).sum(-1)
                 out[e] = out.get(e, 0) + rows
     return out
 
@@ -157,13 +173,12 @@ def unit_moments(
     Both from one read of each block (``unit_sums(spec, sd, group)`` is the first).
 
     Shapes:
-        every value ``(n,)``.
+        every value ``(n,)`` (``(*index, n)`` per copy).
     """
-    per_class_only(group, "alignment of scalings")
     squares: dict[int, torch.Tensor] = {}
     inner: dict[int, torch.Tensor] = {}
     for p, b, ax, e in _exponent_slots(spec, group):
-        sq, cross = _block_moments(spec, p, sd, other, b, ax)
+        sq, cross = _block_moments(spec, p, sd, other, b, ax, group)
         squares[e] = squares.get(e, 0) + sq
         inner[e] = inner.get(e, 0) + cross
     return squares, inner
@@ -178,26 +193,28 @@ def key_moments(
     weight that a ``norm_scaling`` corrects).
 
     Shapes:
-        returns two ``(n,)``.
+        returns two ``(n,)`` (``(*index, n)`` per copy).
     """
-    squares = torch.zeros(group.size, dtype=sd[key].dtype)
-    inner = torch.zeros(group.size, dtype=sd[key].dtype)
+    squares = inner = torch.zeros((), dtype=sd[key].dtype)
     leaves = _plan_leaves(block_plan(spec, key))
     for b in blocks_with(spec, key, group.cls):
         ax = next(i for i, leaf in enumerate(leaves[b]) if leaf.cls == group.cls)
-        sq, cross = _block_moments(spec, key, sd, other, b, ax)
+        sq, cross = _block_moments(spec, key, sd, other, b, ax, group)
         squares, inner = squares + sq, inner + cross
     return squares, inner
 
 
-def _block_moments(spec: SymmetrySpec, key: str, sd: dict, other: dict, b: int, ax: int):
-    """Per row along axis ``ax`` of block ``b`` of ``key``: sums of squares and of products."""
-    block, _ = block_at(spec, key, sd[key], b)
+def _block_moments(
+    spec: SymmetrySpec, key: str, sd: dict, other: dict, b: int, ax: int, group: Group
+):
+    """Per row along axis ``ax`` of block ``b`` of ``key``: sums of squares and of products.
+
+    Per copy where ``group`` has index classes.
+    """
+    block, lv = block_at(spec, key, sd[key], b)
     second, _ = block_at(spec, key, other[key], b)
-    if ax:
-        block, second = block.movedim(ax, 0), second.movedim(ax, 0)
-    rows = block.reshape(block.shape[0], -1)
-    return (rows * rows).sum(1), (rows * second.reshape(rows.shape)).sum(1)
+    rows, rows_other = unit_rows(group, block, lv, ax), unit_rows(group, second, lv, ax)
+    return (rows * rows).sum(-1), (rows * rows_other).sum(-1)
 
 
 def odd_rows(
@@ -205,12 +222,12 @@ def odd_rows(
 ) -> torch.Tensor | None:
     """Sign group: ``(n, features)`` of the entries a flip of each unit negates.
 
-    Blocks that also hold an axis of a class in ``pending`` (whose own sign
-    convention is not fixed yet) are left out, and so are the leaf variables in
-    ``shared`` (negated by another sign group of the same class, not settled yet);
-    None if nothing is left.
+    Per copy (``(*index, n, features)``) where the group has index classes. Blocks
+    that also hold an axis of a class in ``pending`` (whose own sign convention is
+    not fixed yet) are left out, and so are the leaf variables in ``shared``
+    (negated by another sign group of the same class, not settled yet); None if
+    nothing is left.
     """
-    per_class_only(group, "canonicalization of signs")
     exps = dict(group.exponents)
     cols = []
     for block, lv in _class_blocks(spec, sd, group.cls):
@@ -218,8 +235,8 @@ def odd_rows(
             continue
         for ax, leaf in enumerate(lv):
             if leaf.cls == group.cls and exps.get(leaf.var, 0) % 2 and leaf.var not in shared:
-                cols.append(block.movedim(ax, 0).reshape(block.shape[ax], -1))
-    return torch.cat(cols, dim=1) if cols else None
+                cols.append(unit_rows(group, block, lv, ax))
+    return torch.cat(cols, dim=-1) if cols else None
 
 
 def odd_patterns(spec: SymmetrySpec, sd: dict, groups) -> list[tuple[tuple, torch.Tensor]]:

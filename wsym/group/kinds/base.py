@@ -204,9 +204,17 @@ def _index_axis(group: Group, lv, cls: int) -> int:
 
 def per_copy_sums(group: Group, block: Tensor, lv, ax: int) -> Tensor:
     """``(*index, n)``: per copy and unit, the sum of ``block``'s entries (class axis ``ax``)."""
+    return per_copy_rows(group, block, lv, ax).sum(-1)
+
+
+def per_copy_rows(group: Group, block: Tensor, lv, ax: int) -> Tensor:
+    """``(*index, n, features)``: per copy, one row per unit of ``block``'s class axis ``ax``.
+
+    ``(n, features)`` for a group without index classes.
+    """
     src = [*(_index_axis(group, lv, c) for c in group.index), ax]
     moved = block.movedim(src, list(range(len(src))))
-    return moved.reshape(*moved.shape[: len(src)], -1).sum(-1)
+    return moved.reshape(*moved.shape[: len(src)], -1)
 
 
 def log_uniform(shape, scale, gen) -> Tensor:
