@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import torch
 
+from wsym.group.kinds import kind_of
 from wsym.group.layout import leaves
 from wsym.group.memo import derived
 from wsym.group.spec import SymmetrySpec
-
-SCALINGS = ("scaling", "norm_scaling")
 
 
 def _vars(spec: SymmetrySpec) -> dict[int, tuple[str, int, int]]:
@@ -46,7 +45,7 @@ def _vars(spec: SymmetrySpec) -> dict[int, tuple[str, int, int]]:
 def _reads_a_norm(spec: SymmetrySpec, var: int, where: dict) -> bool:
     """Whether ``var`` sits in a scaling group whose opposite-exponent entries are all 1-D."""
     for g in spec.groups:
-        if g.kind not in SCALINGS:
+        if not _scales(g):
             continue
         exps = dict(g.exponents)
         if var not in exps:
@@ -73,7 +72,7 @@ def _unmatched(spec: SymmetrySpec) -> set[str]:
     where = _vars(spec)
     out: set[str] = set()
     for g in spec.groups:
-        if g.kind not in SCALINGS:
+        if not _scales(g):
             continue
         for sign in (1, -1):  # the side of the incoming weights (exponent signs are a convention)
             side = [v for v, e in g.exponents if e * sign > 0 and v in where]
@@ -96,3 +95,9 @@ def without(sd: dict, keys) -> dict:
     if not keys:
         return sd
     return {k: torch.zeros_like(v) if k in keys else v for k, v in sd.items()}
+
+
+def _scales(g) -> bool:
+    """A scaling or norm-scaling group (positive factors per unit)."""
+    kind = kind_of(g)
+    return kind.diagonal and kind.continuous

@@ -28,7 +28,7 @@ import torch
 
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
-from wsym.group.kinds import kind_of
+from wsym.group.kinds import Scaling, kind_of
 from wsym.group.layout import class_params
 from wsym.group.spec import Group, SymmetrySpec, leaves
 from wsym.group.units import block_matrices
@@ -99,12 +99,12 @@ def _stream(spec: SymmetrySpec, i: int, gain_keys: dict) -> Stream | None:
     norms, covered, centered = [], set(), True
     for j, g in enumerate(spec.groups):
         gain = next((k for k in g.params if k in gain_keys), None)
-        if g.kind != "scaling" or g.cls != cls or g.index or gain is None:
+        if type(kind_of(g)) is not Scaling or g.cls != cls or g.index or gain is None:
             continue
         exps = dict(g.exponents)
         var = next(leaf.var for key, leaf in occurrences if key == gain)
         sign = next(
-            (s for s, h in enumerate(spec.groups) if h.kind == "sign" and h.params == g.params), -1
+            (s for s, h in enumerate(spec.groups) if kind_of(h).flips and h.params == g.params), -1
         )
         norms.append((j, sign, gain, exps[var]))
         covered |= set(exps)

@@ -28,8 +28,6 @@ from wsym.group.kinds import kind_of
 from wsym.group.layout import block_plan, class_params, plan_leaves
 from wsym.group.spec import Group, Leaf, SymmetrySpec, leaves
 
-SPLITTABLE = ("permutation", "scaling", "sign")
-
 
 def split_experts(spec: SymmetrySpec, routers=None) -> tuple[SymmetrySpec, dict[int, Group]]:
     """``(spec with per-expert groups, {group position: the shared group it replaces})``.
@@ -39,13 +37,13 @@ def split_experts(spec: SymmetrySpec, routers=None) -> tuple[SymmetrySpec, dict[
     (the experts' slices and the router's rows together) is proposed too.
     """
     routers = routers or {}
-    mixed = {g.cls for g in spec.groups if g.kind not in ("scaling", "sign", "norm_scaling")}
+    mixed = {g.cls for g in spec.groups if not kind_of(g).diagonal}
     mixed |= {c for g in spec.groups for c in g.index}
     merge: dict[int, int] = {}  # expert-axis class -> the merged class
     fresh = 1 + max((leaf.cls for _, dims in spec.layouts for t in dims for leaf in leaves(t)))
     groups, shared, experts = list(spec.groups), {}, {}
     for i, g in enumerate(spec.groups):
-        if g.kind not in SPLITTABLE or g.index:
+        if not (kind_of(g).permutes or _per_unit(g)) or g.index:
             continue
         axes = _expert_axes(spec, g.cls, mixed)
         if axes is None:
@@ -204,7 +202,7 @@ def _contained(spec: SymmetrySpec, h: Group) -> bool:
     Checked exactly on random tensors shaped as the spec's: ``h`` at ``v`` acts as
     the per-expert group at ``v`` repeated over each expert's units.
     """
-    if h.index or h.kind not in ("scaling", "sign"):
+    if h.index or not _per_unit(h):
         return False
     gen = torch.Generator().manual_seed(0)
     for g in spec.groups:
@@ -281,3 +279,9 @@ def verified_split(spec: SymmetrySpec, verify, routers=None) -> SymmetrySpec:
         return checked
     groups = [shared[i] if i in failed else g for i, g in enumerate(split.groups)]
     return verify(dataclasses.replace(split, groups=tuple(groups)))
+
+
+def _per_unit(g: Group) -> bool:
+    """A scaling or sign group (one factor per unit; not a BatchNorm input's norm scaling)."""
+    kind = kind_of(g)
+    return kind.diagonal and not kind.one_sided

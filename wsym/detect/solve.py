@@ -9,6 +9,7 @@ from wsym.detect.context import Context, Dep
 from wsym.detect.explain import notes
 from wsym.detect.nullspace import nullspace, row_basis
 from wsym.detect.tracing.export import Traced
+from wsym.group.kinds import GL, Scaling, Sign, kind_of
 from wsym.group.spec import Group, Leaf, Split, SymmetrySpec
 
 
@@ -238,8 +239,8 @@ def solve(ctx: Context, traced: Traced, state_keys: dict[str, str]) -> SymmetryS
             )
         )
     # a diagonal scale or sign along a head axis is a scalar inside that head's GL block
-    gl_index = {c for g in groups if g.kind == "gl" for c in g.index}
-    groups = [g for g in groups if not (g.kind in ("scaling", "sign") and g.cls in gl_index)]
+    gl_index = {c for g in groups if type(kind_of(g)) is GL for c in g.index}
+    groups = [g for g in groups if not (type(kind_of(g)) in (Scaling, Sign) and g.cls in gl_index)]
     groups.extend(_translations(ctx, st, traced, state_keys, layouts))
     why = notes(ctx, st, groups, layouts)
     sites = _activation_sites(ctx, st, traced)
@@ -309,7 +310,7 @@ def _renumber(groups: list[Group], layouts: list) -> tuple[list[Group], list, di
     new_groups = []
     for g in groups:
         g = replace(g, params=tuple(sorted(g.params, key=order.__getitem__)))
-        if g.kind == "translation":
+        if kind_of(g).additive:
             key, sig, mode = g.target
             sig = tuple(sorted((ids[c], p) for c, p in sig if c in ids))
             new_groups.append(replace(g, target=(key, sig, mode)))

@@ -69,6 +69,7 @@ from collections import deque
 import torch
 
 from wsym.errors import WsymInputError
+from wsym.group.kinds import GL, kind_of
 from wsym.group.spec import Leaf, SymmetrySpec, leaves
 from wsym.metanet.graph import GraphSchema, ParamPlan, WeightData
 from wsym.metanet.statistics import statistic_width, tensor_features
@@ -427,7 +428,7 @@ def _gl_products(spec: SymmetrySpec, base: GraphSchema, order: dict) -> list[_Pr
     layout = spec.layout
     out = []
     for g in spec.groups:
-        if g.kind != "gl":
+        if type(kind_of(g)) is not GL:
             continue
         sides = {0: [], 1: []}
         for name in g.params:

@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from wsym.errors import WsymInputError
 from wsym.group.elements import GroupElement, act
+from wsym.group.kinds import kind_of
 from wsym.group.spec import SymmetrySpec
 
 FIRST_MOMENTS = ("momentum_buffer", "exp_avg")
@@ -91,7 +92,7 @@ def permutation_part(spec: SymmetrySpec, element: GroupElement) -> GroupElement:
     keep = [
         (c, f)
         for c, f in zip(element.components, flags, strict=True)
-        if spec.groups[c[0]].kind == "permutation"
+        if kind_of(spec.groups[c[0]]).permutes
     ]
     return GroupElement(tuple(c for c, _ in keep), tuple(f for _, f in keep))
 

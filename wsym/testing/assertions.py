@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from wsym.group.kinds import kind_of
 from wsym.group.layout import transform
 from wsym.group.spec import SymmetrySpec
 
@@ -126,7 +127,7 @@ def assert_sensitive(
     ref = fn(state_dict)
     changes = []
     for i, g in enumerate(spec.groups):
-        if g.kind == "permutation" and g.size > 1:
+        if kind_of(g).permutes and g.size > 1:
             changes.append(_relative(ref, fn(uncoupled_permutation(spec, state_dict, i, seed))))
     if not changes:
         changes.append(_relative(ref, fn(perturbed(state_dict, 0.1, seed))))
