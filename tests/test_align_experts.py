@@ -8,6 +8,7 @@ Mixtral, against planted elements of the whole group (all kinds, scales 0.1..10)
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -121,3 +122,12 @@ def test_per_copy_order_and_assignment_solve_each_copy():
     perm = per_copy_assignment(score)
     for e in range(E):
         assert torch.equal(perm[e], per_copy_assignment(score[e]))
+
+
+def test_experts_are_scored_with_their_units_inside_within_the_budget(mixtral, monkeypatch):
+    matching = importlib.import_module("wsym.align.matching")
+    _, _, spec, _ = mixtral
+    experts = [p for p in matching.plans(spec) if p.inner]
+    assert experts and all(spec.groups[p.group].size == 3 for p in experts)
+    monkeypatch.setattr(matching, "INNER_ENTRIES", (3 * 16) ** 2 - 1)
+    assert not any(p.inner for p in matching.plans(spec))

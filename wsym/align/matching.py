@@ -36,8 +36,8 @@ one assignment per copy, in the current basis of the index classes. The experts'
 own permutation is a class of its own, and the permutations inside the experts
 are maximized inside its pairing score: pairing expert ``i`` with expert ``j``
 scores what the best assignment of ``j``'s units onto ``i``'s gains (one assignment
-per pair of experts, up to :data:`INNER_LIMIT` units), so that experts are paired
-whatever order their units are in.
+per pair of experts, up to :data:`INNER_ENTRIES` scores in all), so that experts are
+paired whatever order their units are in.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ from wsym.group.units import (
 
 ROTATION_TOL = 1e-9  # a rotation closer than this to the identity does not count as a move
 # Per-copy permutations inside an index class (an expert's units) are maximized inside that
-# class's pairing score (index^2 assignments) up to this many units; above, the experts
-# are paired on their units in the current order.
-INNER_LIMIT = 4096
+# class's pairing score (m^2 assignments of n units for m experts) where the m^2 n^2 scores
+# are at most this many (8 experts of 2048 units); above, the experts are paired on their
+# units in the current order.
+INNER_ENTRIES = 2**28
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ def plans(spec: SymmetrySpec, groups=None, fixed=()) -> list[ClassPlan]:
         inner = tuple(
             plans(spec, [j])[0]
             for j, g in enumerate(spec.groups)
-            if kind_of(g).permutes and g.index == (cls,) and g.size <= INNER_LIMIT
+            if kind_of(g).permutes
+            and g.index == (cls,)
+            and (spec.groups[i].size * g.size) ** 2 <= INNER_ENTRIES
         )
         out.append(ClassPlan(i, signs, blocks, coupled, i in fixed, incremental, inner))
     return out
