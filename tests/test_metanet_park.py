@@ -140,7 +140,8 @@ def test_mixed_save_load_round_trip(detected, tmp_path):
     bare = [sd for _, sd in members]  # the loaded file knows every architecture
     same = [i for i, (spec, _) in enumerate(members) if "tanh" not in spec.to_json()]
     assert torch.equal(q.predict(members), before)
-    assert torch.equal(q.predict(bare)[same[-1]], before[same[-1]])  # the cnn / transformer
+    # the cnn / transformer; batched with other members, so equal to round-off
+    assert torch.allclose(q.predict(bare)[same[-1]], before[same[-1]], rtol=1e-12, atol=0)
     assert len(q.specs) == len(MIXED)
 
 
