@@ -140,8 +140,11 @@ def test_mixed_save_load_round_trip(detected, tmp_path):
     bare = [sd for _, sd in members]  # the loaded file knows every architecture
     same = [i for i, (spec, _) in enumerate(members) if "tanh" not in spec.to_json()]
     assert torch.equal(q.predict(members), before)
-    # the cnn / transformer; batched with other members, so equal to round-off
-    assert torch.allclose(q.predict(bare)[same[-1]], before[same[-1]], rtol=1e-12, atol=0)
+    # the cnn / transformer. Under pytest-xdist, after tests/test_metanet.py in the same
+    # worker, the bare member's prediction moves by 3e-6 relative (seen at 1fe44ac too);
+    # another architecture's spec would move it by orders more
+    got, want = q.predict(bare)[same[-1]], before[same[-1]]
+    assert torch.allclose(got, want, rtol=1e-4, atol=0), (float(got), float(want))
     assert len(q.specs) == len(MIXED)
 
 
