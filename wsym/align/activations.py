@@ -10,7 +10,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from wsym.detect import detection_trace
 from wsym.detect.tracing.record import recorded_values
 from wsym.errors import WsymInputError
-from wsym.models.calling import eval_mode, model_inputs
+from wsym.models.calling import eval_mode, lacks_float64, model_inputs
 
 
 class _Capture(torch.fx.Interpreter):
@@ -52,7 +52,7 @@ def sites_at_states(model: torch.nn.Module, state_dicts: list, batches, sites) -
     try:
         return [_activations(model, traced, sd, batches, sites) for sd in state_dicts]
     except RuntimeError as err:
-        if "Double" not in str(err) and "float64" not in str(err):
+        if not lacks_float64(err):
             raise
     return [_activations(model, traced, sd, batches, sites, torch.float32) for sd in state_dicts]
 

@@ -66,10 +66,11 @@ def signature_start(spec: SymmetrySpec, ref: dict, other: dict) -> GroupElement:
         True
     """
     comps: list = []
+    todo = plans(spec)
     for per_copy in (False, True):
         if per_copy and comps:
             other = act(spec, GroupElement(tuple(comps)), other)
-        for plan in plans(spec):
+        for plan in todo:
             group = spec.groups[plan.group]
             if bool(group.index) != per_copy:
                 continue

@@ -46,7 +46,7 @@ from wsym.group.lazy import (
 )
 from wsym.group.spec import SymmetrySpec
 from wsym.models.arguments import model_failure
-from wsym.models.calling import eval_mode, model_inputs
+from wsym.models.calling import eval_mode, lacks_float64, model_inputs
 
 # float inputs are probed at these multiples of fresh random inputs
 INPUT_SCALES = (1.0, 20.0, 0.05)
@@ -279,7 +279,7 @@ def float64_probe(
     try:
         probe.reference(probe.generic)
     except RuntimeError as err:
-        if "Double" not in str(err) and "float64" not in str(err):
+        if not lacks_float64(err):
             raise model_failure(err, "the example inputs in float64") from err
         line = str(err).strip().splitlines()[0][:160]
         warnings.warn(

@@ -76,3 +76,13 @@ def joined_pairs(batches: list) -> list:
     if any(len({tuple(b[j].shape[1:]) for b in batches}) != 1 for j in (0, 1)):
         return batches
     return [(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))]
+
+
+def lacks_float64(err: RuntimeError) -> bool:
+    """Whether ``err`` says a kernel has no float64 version (Hugging Face's ``grouped_mm``).
+
+    Example:
+        >>> lacks_float64(RuntimeError("Expected mat_a to be Float32 or BFloat16, got Double"))
+        True
+    """
+    return "Double" in str(err) or "float64" in str(err)
